@@ -1,0 +1,1 @@
+"""The admission gateway: an OpenAI-compatible reverse proxy that admits within pushed limits."""

@@ -1,0 +1,1 @@
+"""The pure allocation core: policies and the arithmetic of dividing a budget. No I/O."""

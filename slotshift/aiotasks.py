@@ -1,0 +1,66 @@
+"""Supervised background tasks: named, logged when they fail, cancelled and awaited in order.
+
+Modelled on kopf's aiotasks: every background task is created through a TaskGroup-like
+Supervisor, so none is anonymous or forgotten; a task that ends while it should run forever is
+reported; CancelledError always propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+class Supervisor:
+    """Owns a set of named background tasks and stops them together."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self.failures: list[tuple[str, BaseException]] = []
+        """(task name, exception) for each task that died of an error."""
+
+    def spawn(self, name: str, coro: Coroutine[Any, Any, Any], *, forever: bool = True) -> asyncio.Task[Any]:
+        """Start `coro` as a task named `{supervisor}/{name}`.
+
+        forever: the task should run until stopped; ending earlier is logged as an error.
+        """
+        if self._stopping:
+            coro.close()
+            raise RuntimeError(f"{self._name} is stopping; cannot start {name}")
+        task = asyncio.create_task(coro, name=f"{self._name}/{name}")
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._on_done(t, forever))
+        return task
+
+    def _on_done(self, task: asyncio.Task[Any], forever: bool) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.failures.append((task.get_name(), exc))
+            logger.error("task %s failed", task.get_name(), exc_info=exc)
+        elif forever and not self._stopping:
+            logger.error("task %s ended although it should run until stopped", task.get_name())
+
+    @property
+    def tasks(self) -> frozenset[asyncio.Task[Any]]:
+        return frozenset(self._tasks)
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Cancel every task and wait for them, at most timeout_s; survives being cancelled again."""
+        self._stopping = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in pending:
+            logger.error("task %s did not stop within %.1f s", task.get_name(), timeout_s)

@@ -1,0 +1,352 @@
+"""The one configuration model shared by every slotshift service.
+
+All services read the same YAML file (`deploy/local/slotshift.yaml` is the demo); each takes the
+sections it needs. Models are frozen and validated on load: a bad file fails at start-up with the
+offending field named, never later. Units are in the field names. Environment variables and
+command-line flags are applied by the entrypoints (`slotshift.cli`), never read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+PolicyName = Literal["static", "demand"]
+"""The allocation policies the control plane knows (see controlplane/core/policies.py)."""
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+Port = Annotated[int, Field(ge=0, le=65535)]
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be read or does not validate."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True
+    )
+
+
+class TenantConfig(_Model):
+    """One tenant of a pool: who it is, how it authenticates, and the bounds on its slots."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    """The tenant's name, as it appears in allocations, metrics and traces."""
+
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    """API keys (`Authorization: Bearer KEY`) that identify this tenant at the gateways."""
+
+    floor_slots: Annotated[int, Field(ge=0)] = 1
+    """Slots the tenant always keeps, whatever its demand."""
+
+    ceiling_slots: Annotated[int, Field(ge=0)] | None = None
+    """Most slots the tenant may hold pool-wide; unset means the whole budget."""
+
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    """The tenant's share of the budget relative to the other tenants (its nominal share), and how
+    strongly its demand counts when the demand policy divides contended slots."""
+
+    @model_validator(mode="after")
+    def _floor_within_ceiling(self) -> TenantConfig:
+        if self.ceiling_slots is not None and self.floor_slots > self.ceiling_slots:
+            raise ValueError(
+                f"floor_slots ({self.floor_slots}) is above ceiling_slots ({self.ceiling_slots})"
+            )
+        return self
+
+
+class PoolConfig(_Model):
+    """One pool: one inference server (one vLLM engine) with its own fixed slot budget."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    """The pool's name; every API message names its pool."""
+
+    budget_slots: Annotated[int, Field(ge=1)]
+    """Requests the pool lets into the engine at once, over all tenants and gateways."""
+
+    policy: PolicyName = "demand"
+    """The allocation policy that moves slots between this pool's tenants."""
+
+    decision_period_s: PositiveSeconds = 2.0
+    """Seconds between two allocation decisions."""
+
+    engine_url: str = "http://127.0.0.1:8000"
+    """Base URL of the engine's OpenAI-compatible API (the gateways proxy to it)."""
+
+    tenants: list[TenantConfig]
+    """The tenants sharing the budget."""
+
+    def ceiling_of(self, tenant: TenantConfig) -> int:
+        """The tenant's effective ceiling: its own, or the whole budget."""
+        if tenant.ceiling_slots is None:
+            return self.budget_slots
+        return min(tenant.ceiling_slots, self.budget_slots)
+
+    @model_validator(mode="after")
+    def _budget_fits_bounds(self) -> PoolConfig:
+        if not self.tenants:
+            raise ValueError("a pool needs at least one tenant")
+        names = [t.name for t in self.tenants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tenant names repeat: {duplicates}")
+        floors = sum(t.floor_slots for t in self.tenants)
+        if floors > self.budget_slots:
+            raise ValueError(
+                f"tenants' floor_slots sum to {floors}, above budget_slots ({self.budget_slots})"
+            )
+        ceilings = sum(self.ceiling_of(t) for t in self.tenants)
+        if ceilings < self.budget_slots:
+            raise ValueError(
+                f"tenants' ceiling_slots sum to {ceilings}, below budget_slots "
+                f"({self.budget_slots}): the budget could not be handed out in full"
+            )
+        return self
+
+
+class ControlPlaneConfig(_Model):
+    """The control plane's server and decision loop."""
+
+    grpc_host: str = "127.0.0.1"
+    """Address the gRPC server binds."""
+
+    grpc_port: Port = 50051
+    """Port of the gRPC API (queries, gateways, telemetry, health, reflection); 0 picks one."""
+
+    metrics_port: Port = 9100
+    """Port of the Prometheus /metrics endpoint; 0 picks one."""
+
+    decision_log_size: Annotated[int, Field(ge=1)] = 512
+    """Decisions kept per pool for GetDecisions."""
+
+    gateway_lease_ttl_s: PositiveSeconds = 6.0
+    """Seconds a disconnected gateway's slots stay counted as in use: it may still be running the
+    requests it admitted, so its share is only given to others once the lease has run out."""
+
+    telemetry_stale_after_s: PositiveSeconds = 5.0
+    """Telemetry older than this is marked stale in decisions."""
+
+    shutdown_grace_s: PositiveSeconds = 5.0
+    """Seconds open streams get to finish when the server stops."""
+
+
+class GatewayConfig(_Model):
+    """The admission gateways (every replica reads the same section)."""
+
+    host: str = "127.0.0.1"
+    """Address the HTTP server binds."""
+
+    port: Port = 8080
+    """Port of the OpenAI-compatible API and /metrics; 0 picks one."""
+
+    pool: str = "default"
+    """The pool this gateway serves."""
+
+    controlplane_target: str = "127.0.0.1:50051"
+    """host:port of the control plane's gRPC API."""
+
+    queue_max_depth: Annotated[int, Field(ge=0)] = 1024
+    """Requests a tenant may have waiting at one gateway; beyond that it gets 429."""
+
+    queue_timeout_s: PositiveSeconds = 60.0
+    """Seconds a request may wait for a slot before it gets 503 (see docs/architecture.md)."""
+
+    report_interval_s: PositiveSeconds = 0.25
+    """Seconds between two demand reports to the control plane."""
+
+    fallback_replicas: Annotated[int, Field(ge=1)] = 2
+    """Replicas the static fallback split assumes: before it first hears from the control plane,
+    each gateway admits up to the tenant's nominal share divided by this, so that that many
+    replicas together stay within the budget."""
+
+    reconnect_initial_s: PositiveSeconds = 0.2
+    """First delay before reconnecting to the control plane; doubles up to reconnect_max_s."""
+
+    reconnect_max_s: PositiveSeconds = 5.0
+    """Longest delay between two reconnection attempts."""
+
+    upstream_timeout_s: PositiveSeconds = 600.0
+    """Longest an upstream request may take, from admission to its last byte."""
+
+    max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
+    """Largest request body accepted."""
+
+    drain_timeout_s: PositiveSeconds = 30.0
+    """Seconds running requests get to finish on shutdown."""
+
+
+class AgentConfig(_Model):
+    """The telemetry agent on the GPU node."""
+
+    pool: str = "default"
+    """The pool whose engine this agent watches."""
+
+    agent_id: str = ""
+    """This agent's name in reports; empty means the host name."""
+
+    controlplane_target: str = "127.0.0.1:50051"
+    """host:port of the control plane's gRPC API."""
+
+    engine_metrics_url: str = "http://127.0.0.1:8000/metrics"
+    """vLLM's Prometheus endpoint."""
+
+    interval_s: PositiveSeconds = 1.0
+    """Seconds between two reports."""
+
+    scrape_timeout_s: PositiveSeconds = 2.0
+    """Longest a scrape of the engine's /metrics may take."""
+
+    reconnect_initial_s: PositiveSeconds = 0.2
+    """First delay before reconnecting to the control plane; doubles up to reconnect_max_s."""
+
+    reconnect_max_s: PositiveSeconds = 5.0
+    """Longest delay between two reconnection attempts."""
+
+    metrics_port: Port = 9101
+    """Port of the agent's own Prometheus /metrics endpoint; 0 picks one."""
+
+    host: str = "127.0.0.1"
+    """Address the agent's /metrics endpoint binds."""
+
+
+class EngineSimConfig(_Model):
+    """The vLLM emulator: an OpenAI-compatible server that models continuous batching."""
+
+    host: str = "127.0.0.1"
+    """Address the emulator binds."""
+
+    port: Port = 8000
+    """Port of its OpenAI API and /metrics; 0 picks one."""
+
+    model_name: str = "Qwen/Qwen2.5-3B-Instruct"
+    """The model name it serves and labels its metrics with."""
+
+    max_num_seqs: Annotated[int, Field(ge=1)] = 256
+    """Most sequences in one batch (vLLM's --max-num-seqs)."""
+
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] = 8192
+    """Most tokens one step processes, prefill and decode together."""
+
+    kv_cache_blocks: Annotated[int, Field(ge=1)] = 40000
+    """KV-cache capacity in blocks; requests wait when it is full."""
+
+    block_size_tokens: Annotated[int, Field(ge=1)] = 16
+    """Tokens per KV-cache block."""
+
+    max_model_len: Annotated[int, Field(ge=16)] = 32768
+    """Longest prompt plus output, in tokens."""
+
+    step_base_ms: Annotated[float, Field(ge=0)] = 2.33
+    """Fixed cost of one engine step."""
+
+    step_per_seq_ms: Annotated[float, Field(ge=0)] = 0.104
+    """Added step time per sequence in the batch."""
+
+    step_per_context_token_us: Annotated[float, Field(ge=0)] = 0.0
+    """Added step time per context token held by the batch, in microseconds."""
+
+    step_per_prefill_token_us: Annotated[float, Field(ge=0)] = 20.0
+    """Added step time per prompt token prefilled in the step, in microseconds."""
+
+
+class LocalStackConfig(_Model):
+    """What `slotshift up` starts on one machine."""
+
+    gateway_ports: list[Port] = Field(default_factory=lambda: [8080, 8081])
+    """One gateway process per port."""
+
+    start_engine_sim: bool = True
+    """Start the emulator (false when a real engine serves the pool's engine_url)."""
+
+    ready_timeout_s: PositiveSeconds = 30.0
+    """Seconds each service gets to become ready."""
+
+
+class SlotshiftConfig(_Model):
+    """The whole configuration file."""
+
+    pools: list[PoolConfig]
+    """The pools the control plane manages."""
+
+    controlplane: ControlPlaneConfig = ControlPlaneConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    agent: AgentConfig = AgentConfig()
+    engine_sim: EngineSimConfig = EngineSimConfig()
+    local_stack: LocalStackConfig = LocalStackConfig()
+
+    def pool(self, name: str) -> PoolConfig:
+        """The pool called `name`; KeyError if there is none."""
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
+
+    @model_validator(mode="after")
+    def _pools_unique(self) -> SlotshiftConfig:
+        if not self.pools:
+            raise ValueError("at least one pool is needed")
+        names = [p.name for p in self.pools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pool names repeat: {names}")
+        return self
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> SlotshiftConfig:
+    """Validate a parsed document; ConfigError names each bad field."""
+    try:
+        return SlotshiftConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ConfigError(f"{source}: {problems}") from exc
+
+
+def load_config(path: Path) -> SlotshiftConfig:
+    """Read and validate a YAML configuration file."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return parse_config(data, source=str(path))
+
+
+def apply_overrides(config: SlotshiftConfig, overrides: Mapping[str, Any]) -> SlotshiftConfig:
+    """Return a copy with dotted-path overrides (`gateway.port`: 8081) applied and re-validated."""
+    data = config.model_dump(mode="python")
+    _reveal_secrets(data)
+    for dotted, value in overrides.items():
+        node: Any = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            if not isinstance(node, dict) or part not in node:
+                raise ConfigError(f"override {dotted}: no section {part!r}")
+            node = node[part]
+        if not isinstance(node, dict) or leaf not in node:
+            raise ConfigError(f"override {dotted}: no field {leaf!r}")
+        node[leaf] = value
+    return parse_config(data, source="overrides")
+
+
+def _reveal_secrets(data: Any) -> None:
+    """SecretStr dumps as itself; turn it back into text so the dump validates again."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if isinstance(value, SecretStr):
+                data[key] = value.get_secret_value()
+            else:
+                _reveal_secrets(value)
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            if isinstance(value, SecretStr):
+                data[index] = value.get_secret_value()
+            else:
+                _reveal_secrets(value)

@@ -1,0 +1,1 @@
+"""The telemetry agent: NVML and vLLM /metrics, streamed to the control plane."""
