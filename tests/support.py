@@ -1,0 +1,51 @@
+"""Helpers shared by the tests: waiting on conditions, free ports."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+
+
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]],
+    *,
+    timeout_s: float = 10.0,
+    interval_s: float = 0.02,
+    message: str = "condition",
+) -> None:
+    """Poll `condition` until it holds; fail with `message` after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {message}")
+        await asyncio.sleep(interval_s)
+
+
+def wait_until_sync(
+    condition: Callable[[], bool],
+    *,
+    timeout_s: float = 10.0,
+    interval_s: float = 0.05,
+    message: str = "condition",
+) -> None:
+    """Blocking twin of wait_until, for tests that drive real processes."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {message}")
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    """A TCP port on loopback that was free a moment ago (for processes that need a fixed one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
