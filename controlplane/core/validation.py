@@ -1,0 +1,35 @@
+"""The check every decision passes before it is published."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from slotshift.config import PoolConfig
+
+
+class InvalidAllocation(ValueError):
+    """A set of tenant limits that breaks the budget or a bound; the message names the problem."""
+
+
+def validate_limits(limits: Mapping[str, int], pool: PoolConfig) -> None:
+    """Raise InvalidAllocation unless `limits` names exactly the pool's tenants, each limit is a
+    whole number within [floor, ceiling], and the limits sum to the budget."""
+    expected = {t.name for t in pool.tenants}
+    if set(limits) != expected:
+        missing = sorted(expected - set(limits))
+        unknown = sorted(set(limits) - expected)
+        raise InvalidAllocation(
+            f"tenants do not match the pool: missing {missing}, unknown {unknown}"
+        )
+    for tenant in pool.tenants:
+        value = limits[tenant.name]
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidAllocation(f"limit of {tenant.name} is not a whole number: {value!r}")
+        ceiling = pool.ceiling_of(tenant)
+        if not tenant.floor_slots <= value <= ceiling:
+            raise InvalidAllocation(
+                f"limit of {tenant.name} ({value}) is outside [{tenant.floor_slots}, {ceiling}]"
+            )
+    total = sum(limits.values())
+    if total != pool.budget_slots:
+        raise InvalidAllocation(f"limits sum to {total}, not to the budget ({pool.budget_slots})")

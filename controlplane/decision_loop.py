@@ -1,0 +1,112 @@
+"""The control loop of one pool: gather, compute, validate, publish; every period.
+
+An invalid or failed decision keeps the last good allocation and is logged as rejected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from controlplane.core.policy import AllocationPolicy
+from controlplane.core.validation import InvalidAllocation, validate_limits
+from controlplane.decision_log import DecisionOutcome, DecisionRecord
+from controlplane.pool_state import PoolState
+from slotshift.clock import Clock
+
+logger = logging.getLogger(__name__)
+
+DecisionObserver = Callable[[DecisionRecord], None]
+"""Called with every decision record (metrics hook it)."""
+
+
+class DecisionLoop:
+    """Runs one pool's policy every `decision_period_s` against its PoolState."""
+
+    def __init__(
+        self,
+        state: PoolState,
+        policy: AllocationPolicy,
+        *,
+        clock: Clock,
+        observers: list[DecisionObserver] | None = None,
+    ) -> None:
+        self.state = state
+        self.policy = policy
+        self._clock = clock
+        self._observers = list(observers or [])
+
+    def decide_once(self) -> DecisionRecord:
+        """One decision, synchronously: the whole control step, testable without a loop."""
+        state = self.state
+        pool = state.pool
+        state.expire_leases()
+        snapshot = state.snapshot()
+        decision_id = state.decisions.next_id()
+        # Policy cost is measured in real CPU time: it is a property of the code, not of the
+        # injected clock.
+        started = time.perf_counter()
+        outcome = DecisionOutcome.HELD
+        try:
+            decision = self.policy.decide(snapshot, pool, state.policy_state)
+            validate_limits(decision.limits, pool)
+        except InvalidAllocation as exc:
+            outcome = DecisionOutcome.REJECTED
+            reason = f"invalid allocation: {exc}"
+            logger.error(
+                "pool %s: %s; keeping version %d", pool.name, reason, state.allocation.version
+            )
+        except Exception as exc:
+            # A policy is a plug-in: whatever it raises, the loop keeps the last good allocation
+            # and goes on; the traceback is logged for whoever wrote the policy.
+            outcome = DecisionOutcome.REJECTED
+            reason = f"policy {self.policy.name} failed: {type(exc).__name__}: {exc}"
+            logger.exception(
+                "pool %s: %s; keeping version %d", pool.name, reason, state.allocation.version
+            )
+        else:
+            state.policy_state = decision.state
+            reason = decision.reason
+            if dict(decision.limits) != dict(state.allocation.tenant_limits):
+                previous = dict(state.allocation.tenant_limits)
+                state.apply_limits(decision.limits, decision_id, self.policy.name)
+                outcome = DecisionOutcome.PUBLISHED
+                logger.info(
+                    "pool %s v%d: %s -> %s (%s)",
+                    pool.name,
+                    state.allocation.version,
+                    previous,
+                    dict(decision.limits),
+                    reason,
+                )
+            else:
+                # The tenant limits hold, but drains may let grants move.
+                state.reconcile()
+        duration_ms = (time.perf_counter() - started) * 1000
+        record = DecisionRecord(
+            id=decision_id,
+            pool=pool.name,
+            decided_at_wall_s=self._clock.wall(),
+            policy=self.policy.name,
+            outcome=outcome,
+            reason=reason,
+            version=state.allocation.version,
+            budget_slots=pool.budget_slots,
+            inputs=snapshot.tenants,
+            telemetry=snapshot.telemetry,
+            outputs=dict(state.allocation.tenant_limits),
+            duration_ms=duration_ms,
+        )
+        state.decisions.append(record)
+        for observer in self._observers:
+            observer(record)
+        return record
+
+    async def run(self) -> None:
+        """Decide now, then every period, until cancelled."""
+        period = self.state.pool.decision_period_s
+        while True:
+            self.decide_once()
+            await asyncio.sleep(period)

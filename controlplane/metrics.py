@@ -1,0 +1,113 @@
+"""The control plane's Prometheus metrics, on a registry of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from controlplane.decision_log import DecisionRecord
+from controlplane.pool_state import PoolState
+from slotshift.apportion import nominal_shares
+
+
+class ControlPlaneMetrics:
+    """Counters and histograms updated as things happen; gauges read from the pools at scrape."""
+
+    def __init__(self, pools: Mapping[str, PoolState]) -> None:
+        self.registry = CollectorRegistry()
+        self.decisions = Counter(
+            "slotshift_controlplane_decisions_total",
+            "Allocation decisions, by outcome (published, held, rejected).",
+            ["pool", "policy", "outcome"],
+            registry=self.registry,
+        )
+        self.decision_duration = Histogram(
+            "slotshift_controlplane_decision_duration_seconds",
+            "Time one decision took (gather, compute, validate, publish).",
+            ["pool"],
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+            registry=self.registry,
+        )
+        self.push_latency = Histogram(
+            "slotshift_controlplane_push_latency_seconds",
+            "Time from publishing an allocation version to a gateway's acknowledgement of it.",
+            ["pool"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
+            registry=self.registry,
+        )
+        self.telemetry_reports = Counter(
+            "slotshift_controlplane_telemetry_reports_total",
+            "Telemetry reports received from agents.",
+            ["pool"],
+            registry=self.registry,
+        )
+        self.registry.register(_PoolStateCollector(pools))
+
+    def observe_decision(self, record: DecisionRecord) -> None:
+        self.decisions.labels(record.pool, record.policy, record.outcome.value).inc()
+        self.decision_duration.labels(record.pool).observe(record.duration_ms / 1000)
+
+    def observe_ack(self, pool: str, latency_s: float) -> None:
+        self.push_latency.labels(pool).observe(latency_s)
+
+    def observe_telemetry(self, pool: str) -> None:
+        self.telemetry_reports.labels(pool).inc()
+
+
+class _PoolStateCollector(Collector):
+    """Gauges that are facts about the pools' state, read when Prometheus scrapes."""
+
+    def __init__(self, pools: Mapping[str, PoolState]) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        budget = GaugeMetricFamily(
+            "slotshift_controlplane_budget_slots", "The pool's slot budget.", labels=["pool"]
+        )
+        version = GaugeMetricFamily(
+            "slotshift_controlplane_allocation_version",
+            "The pool's current allocation version.",
+            labels=["pool"],
+        )
+        gateways = GaugeMetricFamily(
+            "slotshift_controlplane_gateways_connected",
+            "Gateways with an open stream to the control plane.",
+            labels=["pool"],
+        )
+        telemetry_age = GaugeMetricFamily(
+            "slotshift_controlplane_telemetry_age_seconds",
+            "Seconds since the pool's last telemetry report (absent before the first).",
+            labels=["pool"],
+        )
+        limit = GaugeMetricFamily(
+            "slotshift_controlplane_tenant_limit_slots",
+            "The tenant's current pool-wide limit.",
+            labels=["pool", "tenant"],
+        )
+        nominal = GaugeMetricFamily(
+            "slotshift_controlplane_tenant_nominal_slots",
+            "The tenant's nominal share of the budget (by weight).",
+            labels=["pool", "tenant"],
+        )
+        demand = GaugeMetricFamily(
+            "slotshift_controlplane_tenant_demand_slots",
+            "The tenant's demand (in flight plus queued) summed over the gateways.",
+            labels=["pool", "tenant"],
+        )
+        for name, state in self._pools.items():
+            budget.add_metric([name], state.pool.budget_slots)
+            version.add_metric([name], state.allocation.version)
+            gateways.add_metric([name], state.gateways_connected)
+            age = state.telemetry_age_s()
+            if age is not None:
+                telemetry_age.add_metric([name], age)
+            shares = nominal_shares(state.pool)
+            loads = state.snapshot().tenants
+            for tenant in state.pool.tenants:
+                limit.add_metric([name, tenant.name], state.allocation.tenant_limits[tenant.name])
+                nominal.add_metric([name, tenant.name], shares[tenant.name])
+                demand.add_metric([name, tenant.name], loads[tenant.name].demand_slots)
+        yield from (budget, version, gateways, telemetry_age, limit, nominal, demand)

@@ -1,0 +1,383 @@
+"""Everything the control plane knows of one pool, and the one place it changes.
+
+PoolState holds the gateways' reports, the latest telemetry, the current allocation and the
+decision log. Every change goes through its methods, all called on the event loop; whenever the
+limits a gateway must enforce change, it builds a new immutable Allocation with the next version
+and drops it into every connected gateway's mailbox (the gRPC stream handler sends it). Between
+decisions it re-grants as gateways acknowledge and drain (see controlplane/core/grants.py), so
+lent slots come back as soon as they are free, not at the next period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from controlplane.core.allocation import Allocation, GatewayLimit
+from controlplane.core.gateway_split import split_among_gateways, split_is_stale
+from controlplane.core.grants import Cell, compute_grants
+from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
+from controlplane.decision_log import DecisionLog
+from slotshift.apportion import nominal_shares
+from slotshift.clock import Clock
+from slotshift.config import PoolConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantUsage:
+    """One tenant at one gateway, as the gateway last reported it."""
+
+    in_flight: int = 0
+    queued: int = 0
+    admitted_total: int = 0
+    completed_total: int = 0
+    rejected_total: int = 0
+    limit_slots: int = 0
+    """The limit the gateway enforced when it reported."""
+    ttft: Latency = Latency()
+    e2e: Latency = Latency()
+    queue_wait: Latency = Latency()
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryRecord:
+    """The latest telemetry report and when it arrived (monotonic seconds)."""
+
+    received_at_s: float
+    agent_id: str
+    kv_cache_usage_perc: float
+    num_requests_running: float
+    num_requests_waiting: float
+    gpu_available: bool
+    gpu_emulated: bool
+    gpu_utilization_pct: float
+
+
+class Mailbox:
+    """The newest allocation waiting to be sent to one gateway; older unsent ones are dropped."""
+
+    def __init__(self) -> None:
+        self._latest: Allocation | None = None
+        self._ready = asyncio.Event()
+        self._closed = False
+
+    def put(self, allocation: Allocation) -> None:
+        self._latest = allocation
+        self._ready.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+    def take_nowait(self) -> Allocation | None:
+        """The waiting allocation, if any, without waiting; None when there is none."""
+        if self._closed or self._latest is None:
+            return None
+        self._ready.clear()
+        latest, self._latest = self._latest, None
+        return latest
+
+    async def get(self) -> Allocation | None:
+        """The next allocation to send; None once the mailbox is closed."""
+        await self._ready.wait()
+        self._ready.clear()
+        if self._closed:
+            return None
+        latest, self._latest = self._latest, None
+        return latest
+
+
+@dataclass(eq=False)
+class GatewaySession:
+    """One connection of one gateway; events from a replaced connection are ignored."""
+
+    gateway_id: str
+    token: int
+    mailbox: Mailbox = field(default_factory=Mailbox)
+
+
+@dataclass
+class _GatewayRecord:
+    gateway_id: str
+    session: GatewaySession
+    connected: bool = True
+    applied_version: int = 0
+    usage: dict[str, TenantUsage] = field(default_factory=dict)
+    acked_limits: dict[str, int] = field(default_factory=dict)
+    """Limits in force at the last acknowledgement (or the hello)."""
+    sent: dict[int, dict[str, int]] = field(default_factory=dict)
+    """version -> limits sent and not yet acknowledged."""
+    sent_at_s: dict[int, float] = field(default_factory=dict)
+    lease_expires_at_s: float | None = None
+
+    def bound(self, tenant: str) -> int:
+        """Most this gateway may be holding of `tenant` (see controlplane/core/grants.py)."""
+        sent = max((limits.get(tenant, 0) for limits in self.sent.values()), default=0)
+        in_flight = self.usage.get(tenant, TenantUsage()).in_flight
+        return max(in_flight, self.acked_limits.get(tenant, 0), sent)
+
+
+class PoolState:
+    """The control plane's state of one pool."""
+
+    def __init__(
+        self,
+        pool: PoolConfig,
+        *,
+        clock: Clock,
+        gateway_lease_ttl_s: float,
+        telemetry_stale_after_s: float,
+        decision_log_size: int,
+    ) -> None:
+        self.pool = pool
+        self._clock = clock
+        self._lease_ttl_s = gateway_lease_ttl_s
+        self._stale_after_s = telemetry_stale_after_s
+        self.decisions = DecisionLog(decision_log_size)
+        self.policy_state: object | None = None
+        self.telemetry: TelemetryRecord | None = None
+        self._gateways: dict[str, _GatewayRecord] = {}
+        self._tokens = itertools.count(1)
+        self.allocation = Allocation(
+            pool=pool.name,
+            version=0,
+            decision_id=0,
+            policy=pool.policy,
+            budget_slots=pool.budget_slots,
+            created_at_wall_s=clock.wall(),
+            tenant_limits=nominal_shares(pool),
+            gateways={},
+        )
+        self._version = 0
+
+    # Gateways -----------------------------------------------------------------------------
+
+    def connect_gateway(
+        self, gateway_id: str, applied_version: int, usage: Mapping[str, TenantUsage]
+    ) -> GatewaySession:
+        """Register a (re)connecting gateway; returns its session, whose mailbox gets every
+        allocation from now on (the current one first)."""
+        session = GatewaySession(gateway_id=gateway_id, token=next(self._tokens))
+        previous = self._gateways.get(gateway_id)
+        if previous is not None:
+            previous.session.mailbox.close()
+        record = _GatewayRecord(gateway_id=gateway_id, session=session)
+        record.applied_version = applied_version
+        record.usage = dict(usage)
+        # What it enforces is what it says it enforces; limits sent to an earlier connection
+        # and perhaps not yet applied still count.
+        record.acked_limits = {t: u.limit_slots for t, u in usage.items()}
+        if previous is not None:
+            record.sent = {v: lim for v, lim in previous.sent.items() if v > applied_version}
+        # A restarted control plane continues above any version a gateway has seen, so that the
+        # gateway does not ignore its updates as stale.
+        self._version = max(self._version, applied_version)
+        self._gateways[gateway_id] = record
+        logger.info("gateway %s connected to pool %s", gateway_id, self.pool.name)
+        self.reconcile(resplit=True, force_publish=True)
+        return session
+
+    def record_demand(
+        self, session: GatewaySession, applied_version: int, usage: Mapping[str, TenantUsage]
+    ) -> None:
+        record = self._live(session)
+        if record is None:
+            return
+        record.usage = dict(usage)
+        self.reconcile()
+
+    def record_ack(
+        self, session: GatewaySession, version: int, usage: Mapping[str, TenantUsage]
+    ) -> float | None:
+        """The gateway enforces `version` now; returns seconds since that version was sent."""
+        record = self._live(session)
+        if record is None:
+            return None
+        latency = None
+        if version in record.sent:
+            record.acked_limits = record.sent[version]
+            latency = self._clock.monotonic() - record.sent_at_s[version]
+        record.sent = {v: lim for v, lim in record.sent.items() if v > version}
+        record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
+        record.applied_version = max(record.applied_version, version)
+        record.usage = dict(usage)
+        self.reconcile()
+        return latency
+
+    def disconnect_gateway(self, session: GatewaySession) -> None:
+        """The gateway's stream ended. Its slots stay counted until its lease runs out, since it
+        may still be running what it admitted."""
+        record = self._live(session)
+        if record is None:
+            return
+        record.connected = False
+        record.lease_expires_at_s = self._clock.monotonic() + self._lease_ttl_s
+        session.mailbox.close()
+        logger.warning(
+            "gateway %s disconnected from pool %s; its slots return in %.1f s unless it comes back",
+            session.gateway_id,
+            self.pool.name,
+            self._lease_ttl_s,
+        )
+        self.reconcile(resplit=True)
+
+    def expire_leases(self) -> None:
+        now = self._clock.monotonic()
+        expired = [
+            g.gateway_id
+            for g in self._gateways.values()
+            if not g.connected and g.lease_expires_at_s is not None and g.lease_expires_at_s <= now
+        ]
+        for gateway_id in expired:
+            del self._gateways[gateway_id]
+            logger.info("lease of gateway %s expired; its slots are free", gateway_id)
+        if expired:
+            self.reconcile(resplit=True)
+
+    def close_sessions(self) -> None:
+        """End every gateway's stream (on shutdown); the gateways reconnect elsewhere or later."""
+        for record in self._gateways.values():
+            record.session.mailbox.close()
+
+    def _live(self, session: GatewaySession) -> _GatewayRecord | None:
+        record = self._gateways.get(session.gateway_id)
+        if record is None or record.session is not session or not record.connected:
+            return None
+        return record
+
+    @property
+    def gateways_connected(self) -> int:
+        return sum(1 for g in self._gateways.values() if g.connected)
+
+    def applied_versions(self) -> dict[str, int]:
+        """gateway id -> the version it last acknowledged, for connected gateways."""
+        return {g.gateway_id: g.applied_version for g in self._gateways.values() if g.connected}
+
+    # Telemetry ----------------------------------------------------------------------------
+
+    def record_telemetry(self, record: TelemetryRecord) -> None:
+        self.telemetry = record
+
+    def telemetry_age_s(self) -> float | None:
+        if self.telemetry is None:
+            return None
+        return self._clock.monotonic() - self.telemetry.received_at_s
+
+    # Decisions ----------------------------------------------------------------------------
+
+    def snapshot(self) -> PoolSnapshot:
+        """What a policy sees now: tenant load summed over the gateways that may hold slots."""
+        loads: dict[str, TenantLoad] = {}
+        for tenant in self.pool.tenants:
+            usages = [g.usage.get(tenant.name, TenantUsage()) for g in self._gateways.values()]
+            loads[tenant.name] = TenantLoad(
+                in_flight=sum(u.in_flight for u in usages),
+                queued=sum(u.queued for u in usages),
+                ttft=_merge([u.ttft for u in usages]),
+                e2e=_merge([u.e2e for u in usages]),
+            )
+        return PoolSnapshot(
+            now_s=self._clock.monotonic(),
+            tenants=loads,
+            current_limits=dict(self.allocation.tenant_limits),
+            telemetry=self._telemetry_view(),
+            gateways_connected=self.gateways_connected,
+        )
+
+    def _telemetry_view(self) -> TelemetryView | None:
+        record = self.telemetry
+        if record is None:
+            return None
+        age = self._clock.monotonic() - record.received_at_s
+        return TelemetryView(
+            age_s=age,
+            fresh=age <= self._stale_after_s,
+            kv_cache_usage_perc=record.kv_cache_usage_perc,
+            num_requests_running=record.num_requests_running,
+            num_requests_waiting=record.num_requests_waiting,
+            gpu_available=record.gpu_available,
+            gpu_emulated=record.gpu_emulated,
+            gpu_utilization_pct=record.gpu_utilization_pct,
+        )
+
+    def apply_limits(self, limits: Mapping[str, int], decision_id: int, policy: str) -> bool:
+        """Adopt validated tenant limits; True when a new allocation was published."""
+        self.allocation = dataclasses.replace(
+            self.allocation, tenant_limits=dict(limits), decision_id=decision_id, policy=policy
+        )
+        return self.reconcile(resplit=True) is not None
+
+    def reconcile(self, *, resplit: bool = False, force_publish: bool = False) -> Allocation | None:
+        """Recompute what each gateway may admit; publish a new version if anything changed."""
+        current = self.allocation
+        connected = {g.gateway_id: g for g in self._gateways.values() if g.connected}
+        demand = {
+            gid: {t: (u.in_flight, u.queued) for t, u in g.usage.items()}
+            for gid, g in connected.items()
+        }
+        targets = {
+            gid: {t: lim.target_slots for t, lim in current.gateways.get(gid, {}).items()}
+            for gid in connected
+        }
+        if resplit or set(current.gateways) != set(connected) or split_is_stale(targets, demand):
+            targets = split_among_gateways(current.tenant_limits, demand)
+        cells = {
+            (gid, tenant.name): Cell(
+                target=targets.get(gid, {}).get(tenant.name, 0),
+                granted=_granted(current, gid, tenant.name),
+                bound=record.bound(tenant.name),
+            )
+            for gid, record in self._gateways.items()
+            for tenant in self.pool.tenants
+        }
+        grants = compute_grants(self.pool.budget_slots, cells)
+        gateways = {
+            gid: {
+                t.name: GatewayLimit(targets[gid][t.name], grants[(gid, t.name)])
+                for t in self.pool.tenants
+            }
+            for gid in connected
+        }
+        candidate = dataclasses.replace(current, gateways=gateways)
+        if candidate.same_limits(current) and not force_publish:
+            self.allocation = candidate
+            return None
+        self._version += 1
+        published = dataclasses.replace(
+            candidate, version=self._version, created_at_wall_s=self._clock.wall()
+        )
+        self.allocation = published
+        now = self._clock.monotonic()
+        for gid, record in connected.items():
+            record.sent[published.version] = {
+                t: lim.limit_slots for t, lim in gateways[gid].items()
+            }
+            record.sent_at_s[published.version] = now
+            record.session.mailbox.put(published)
+        return published
+
+
+def _granted(allocation: Allocation, gateway_id: str, tenant: str) -> int:
+    limits = allocation.gateways.get(gateway_id, {})
+    return limits[tenant].limit_slots if tenant in limits else 0
+
+
+def _merge(latencies: list[Latency]) -> Latency:
+    """Percentiles of several gateways' windows: p50 weighted by count, p90 and p99 the worst
+    (windows cannot be merged exactly without their samples; the tail errs on the safe side)."""
+    known = [lat for lat in latencies if lat.count > 0]
+    if not known:
+        return Latency()
+    count = sum(lat.count for lat in known)
+    return Latency(
+        count=count,
+        p50_ms=sum(lat.p50_ms * lat.count for lat in known) / count,
+        p90_ms=max(lat.p90_ms for lat in known),
+        p99_ms=max(lat.p99_ms for lat in known),
+    )

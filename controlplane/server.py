@@ -1,0 +1,145 @@
+"""The control plane as one object: gRPC server, decision loops and /metrics, started and stopped
+in order."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from aiohttp import web
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controlplane.core.policies import make_policy
+from controlplane.decision_loop import DecisionLoop
+from controlplane.metrics import ControlPlaneMetrics
+from controlplane.pool_state import PoolState
+from controlplane.reflection import add_reflection
+from controlplane.service.gateway_service import GatewayStreamService
+from controlplane.service.query_service import AllocationQueryService
+from controlplane.service.telemetry_service import TelemetryIngestService
+from slotshift.aiotasks import Supervisor
+from slotshift.clock import Clock, SystemClock
+from slotshift.config import SlotshiftConfig
+from slotshift.v1 import (
+    gateway_pb2,
+    gateway_pb2_grpc,
+    query_pb2,
+    query_pb2_grpc,
+    telemetry_pb2,
+    telemetry_pb2_grpc,
+)
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAMES = (
+    query_pb2.DESCRIPTOR.services_by_name["AllocationService"].full_name,
+    gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
+    telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name,
+    health.SERVICE_NAME,
+)
+
+
+class ControlPlane:
+    """Owns the pools' state and everything that serves it."""
+
+    def __init__(self, config: SlotshiftConfig, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self._clock = clock or SystemClock()
+        settings = config.controlplane
+        self.pools = {
+            pool.name: PoolState(
+                pool,
+                clock=self._clock,
+                gateway_lease_ttl_s=settings.gateway_lease_ttl_s,
+                telemetry_stale_after_s=settings.telemetry_stale_after_s,
+                decision_log_size=settings.decision_log_size,
+            )
+            for pool in config.pools
+        }
+        self.metrics = ControlPlaneMetrics(self.pools)
+        self.loops = {
+            name: DecisionLoop(
+                state,
+                make_policy(state.pool.policy),
+                clock=self._clock,
+                observers=[self.metrics.observe_decision],
+            )
+            for name, state in self.pools.items()
+        }
+        self._tasks = Supervisor("controlplane")
+        # `aio` is set only when grpc.aio imports, so the stubs do not declare it.
+        self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
+        self._server: grpc.aio.Server | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self.grpc_port = 0
+        self.metrics_port = 0
+
+    async def start(self) -> None:
+        settings = self.config.controlplane
+        server = grpc.aio.server()
+        query_pb2_grpc.add_AllocationServiceServicer_to_server(
+            AllocationQueryService(self.pools), server
+        )
+        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
+            GatewayStreamService(self.pools, on_ack=self.metrics.observe_ack), server
+        )
+        telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(
+            TelemetryIngestService(
+                self.pools, self._clock, on_report=self.metrics.observe_telemetry
+            ),
+            server,
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        add_reflection(server, SERVICE_NAMES)
+        self.grpc_port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+        if self.grpc_port == 0:
+            raise OSError(f"cannot bind gRPC on {settings.grpc_host}:{settings.grpc_port}")
+        await server.start()
+        self._server = server
+        self._metrics_runner = await self._start_metrics(settings.grpc_host, settings.metrics_port)
+        for name, loop in self.loops.items():
+            self._tasks.spawn(f"decision-loop/{name}", loop.run())
+        for service in ("", *SERVICE_NAMES[:-1]):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        logger.info(
+            "controlplane ready: gRPC on %s:%d, metrics on :%d, pools %s",
+            settings.grpc_host,
+            self.grpc_port,
+            self.metrics_port,
+            sorted(self.pools),
+        )
+
+    async def _start_metrics(self, host: str, port: int) -> web.AppRunner:
+        async def metrics(_: web.Request) -> web.Response:
+            return web.Response(
+                body=generate_latest(self.metrics.registry),
+                headers={"Content-Type": CONTENT_TYPE_LATEST},
+            )
+
+        async def healthz(_: web.Request) -> web.Response:
+            return web.json_response({"status": "ok"})
+
+        app = web.Application()
+        app.router.add_get("/metrics", metrics)
+        app.router.add_get("/health", healthz)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        self.metrics_port = runner.addresses[0][1]
+        return runner
+
+    async def stop(self) -> None:
+        """Health NOT_SERVING, stop deciding, end the gateways' streams, stop serving."""
+        await self._health.enter_graceful_shutdown()
+        await self._tasks.stop()
+        for state in self.pools.values():
+            state.close_sessions()
+        if self._server is not None:
+            await self._server.stop(self.config.controlplane.shutdown_grace_s)
+            self._server = None
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
+        logger.info("controlplane stopped")

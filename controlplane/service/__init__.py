@@ -1,0 +1,1 @@
+"""gRPC adapters of the control plane: they translate messages and call PoolState; no policy."""

@@ -1,0 +1,158 @@
+"""Translation between the API's messages and the control plane's own types."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from controlplane.core.allocation import Allocation
+from controlplane.core.snapshot import Latency, TelemetryView, TenantLoad
+from controlplane.decision_log import DecisionOutcome, DecisionRecord
+from controlplane.pool_state import TenantUsage
+from slotshift.apportion import nominal_shares
+from slotshift.config import PoolConfig
+from slotshift.v1 import allocation_pb2, common_pb2, query_pb2
+
+_OUTCOMES = {
+    DecisionOutcome.PUBLISHED: query_pb2.DECISION_OUTCOME_PUBLISHED,
+    DecisionOutcome.HELD: query_pb2.DECISION_OUTCOME_HELD,
+    DecisionOutcome.REJECTED: query_pb2.DECISION_OUTCOME_REJECTED,
+}
+
+
+def timestamp(wall_s: float) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(int(wall_s * 1e9))
+    return stamp
+
+
+def latency_from_proto(message: common_pb2.LatencySummary) -> Latency:
+    return Latency(
+        count=message.count, p50_ms=message.p50_ms, p90_ms=message.p90_ms, p99_ms=message.p99_ms
+    )
+
+
+def latency_to_proto(latency: Latency) -> common_pb2.LatencySummary:
+    return common_pb2.LatencySummary(
+        count=latency.count, p50_ms=latency.p50_ms, p90_ms=latency.p90_ms, p99_ms=latency.p99_ms
+    )
+
+
+def usage_from_proto(
+    tenants: Iterable[common_pb2.TenantDemand], known: set[str]
+) -> dict[str, TenantUsage]:
+    """Usage per tenant; tenants the pool does not know are dropped."""
+    return {
+        t.tenant: TenantUsage(
+            in_flight=max(0, t.in_flight),
+            queued=max(0, t.queued),
+            admitted_total=t.admitted_total,
+            completed_total=t.completed_total,
+            rejected_total=t.rejected_total,
+            limit_slots=max(0, t.limit_slots),
+            ttft=latency_from_proto(t.ttft),
+            e2e=latency_from_proto(t.e2e),
+            queue_wait=latency_from_proto(t.queue_wait),
+        )
+        for t in tenants
+        if t.tenant in known
+    }
+
+
+def tenant_allocations(
+    pool: PoolConfig, limits: Mapping[str, int]
+) -> list[allocation_pb2.TenantAllocation]:
+    nominal = nominal_shares(pool)
+    return [
+        allocation_pb2.TenantAllocation(
+            tenant=t.name,
+            limit_slots=limits.get(t.name, 0),
+            floor_slots=t.floor_slots,
+            ceiling_slots=pool.ceiling_of(t),
+            weight=t.weight,
+            nominal_slots=nominal[t.name],
+        )
+        for t in pool.tenants
+    ]
+
+
+def allocation_to_proto(
+    pool: PoolConfig, allocation: Allocation, applied_versions: Mapping[str, int]
+) -> allocation_pb2.Allocation:
+    return allocation_pb2.Allocation(
+        pool=allocation.pool,
+        version=allocation.version,
+        budget_slots=allocation.budget_slots,
+        policy=allocation.policy,
+        created_at=timestamp(allocation.created_at_wall_s),
+        tenants=tenant_allocations(pool, allocation.tenant_limits),
+        gateways=[
+            allocation_pb2.GatewayAllocation(
+                gateway_id=gateway_id,
+                tenants=[
+                    allocation_pb2.GatewayTenantLimit(
+                        tenant=tenant, target_slots=lim.target_slots, limit_slots=lim.limit_slots
+                    )
+                    for tenant, lim in limits.items()
+                ],
+                applied_version=applied_versions.get(gateway_id, 0),
+            )
+            for gateway_id, limits in sorted(allocation.gateways.items())
+        ],
+        decision_id=allocation.decision_id,
+    )
+
+
+def gateway_limits_to_proto(
+    allocation: Allocation, gateway_id: str
+) -> list[allocation_pb2.GatewayTenantLimit]:
+    return [
+        allocation_pb2.GatewayTenantLimit(
+            tenant=tenant, target_slots=lim.target_slots, limit_slots=lim.limit_slots
+        )
+        for tenant, lim in allocation.gateways.get(gateway_id, {}).items()
+    ]
+
+
+def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Decision:
+    return query_pb2.Decision(
+        id=record.id,
+        pool=record.pool,
+        decided_at=timestamp(record.decided_at_wall_s),
+        policy=record.policy,
+        outcome=_OUTCOMES[record.outcome],
+        reason=record.reason,
+        version=record.version,
+        budget_slots=record.budget_slots,
+        inputs=[_decision_input(name, load) for name, load in record.inputs.items()],
+        telemetry=_telemetry_input(record.telemetry),
+        outputs=tenant_allocations(pool, record.outputs),
+        duration_ms=record.duration_ms,
+    )
+
+
+def _decision_input(tenant: str, load: TenantLoad) -> query_pb2.TenantDecisionInput:
+    return query_pb2.TenantDecisionInput(
+        tenant=tenant,
+        in_flight=load.in_flight,
+        queued=load.queued,
+        demand_slots=load.demand_slots,
+        ttft=latency_to_proto(load.ttft),
+        e2e=latency_to_proto(load.e2e),
+    )
+
+
+def _telemetry_input(view: TelemetryView | None) -> query_pb2.TelemetryInput:
+    if view is None:
+        return query_pb2.TelemetryInput(fresh=False, age_s=-1.0)
+    return query_pb2.TelemetryInput(
+        fresh=view.fresh,
+        age_s=view.age_s,
+        kv_cache_usage_perc=view.kv_cache_usage_perc,
+        num_requests_running=view.num_requests_running,
+        num_requests_waiting=view.num_requests_waiting,
+        gpu_utilization_pct=view.gpu_utilization_pct,
+        gpu_emulated=view.gpu_emulated,
+        gpu_available=view.gpu_available,
+    )

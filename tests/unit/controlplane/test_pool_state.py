@@ -1,0 +1,195 @@
+"""PoolState with simulated gateways: the pool never holds more than its budget, whatever the
+order in which gateways apply, acknowledge, admit, finish and report."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+
+from controlplane.core.demand_policy import DemandPolicy
+from controlplane.decision_log import DecisionOutcome
+from controlplane.decision_loop import DecisionLoop
+from controlplane.pool_state import GatewaySession, PoolState, TenantUsage
+from slotshift.apportion import nominal_shares
+from slotshift.clock import ManualClock
+from slotshift.config import PoolConfig, TenantConfig
+
+POOL = PoolConfig(
+    name="p",
+    budget_slots=96,
+    tenants=[TenantConfig(name="A", floor_slots=4), TenantConfig(name="B", floor_slots=4)],
+)
+
+
+@dataclass
+class SimGateway:
+    """A gateway that admits up to the limits it applied, as the real one does."""
+
+    gateway_id: str
+    limits: dict[str, int]
+    in_flight: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
+    queued: dict[str, int] = field(default_factory=lambda: {"A": 0, "B": 0})
+    applied_version: int = 0
+    session: GatewaySession | None = None
+
+    def usage(self) -> dict[str, TenantUsage]:
+        return {
+            t: TenantUsage(in_flight=self.in_flight[t], queued=self.queued[t], limit_slots=self.limits[t])
+            for t in self.limits
+        }
+
+    def connect(self, state: PoolState) -> None:
+        self.session = state.connect_gateway(self.gateway_id, self.applied_version, self.usage())
+
+    def apply_pending(self, state: PoolState) -> bool:
+        assert self.session is not None
+        allocation = self.session.mailbox.take_nowait()
+        if allocation is None or allocation.version <= self.applied_version:
+            return False
+        self.limits = {t: lim.limit_slots for t, lim in allocation.gateways[self.gateway_id].items()}
+        self.applied_version = allocation.version
+        state.record_ack(self.session, allocation.version, self.usage())
+        return True
+
+    def admit(self) -> None:
+        for tenant in self.limits:
+            while self.queued[tenant] and self.in_flight[tenant] < self.limits[tenant]:
+                self.queued[tenant] -= 1
+                self.in_flight[tenant] += 1
+
+
+def _state(clock: ManualClock) -> PoolState:
+    return PoolState(
+        POOL, clock=clock, gateway_lease_ttl_s=6.0, telemetry_stale_after_s=5.0, decision_log_size=64
+    )
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_budget_holds_under_random_interleavings(seed: int) -> None:
+    rng = random.Random(seed)
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    fallback = {t: share // 3 for t, share in nominal_shares(POOL).items()}
+    gateways = [SimGateway(f"gw{i}", dict(fallback)) for i in range(3)]
+    for gateway in gateways:
+        gateway.connect(state)
+    for _ in range(3_000):
+        gateway = rng.choice(gateways)
+        assert gateway.session is not None
+        action = rng.random()
+        if action < 0.3:
+            gateway.apply_pending(state)
+        elif action < 0.5:
+            tenant = rng.choice(["A", "B"])
+            gateway.queued[tenant] += rng.randint(0, 30)
+            gateway.admit()
+        elif action < 0.75:
+            tenant = rng.choice(["A", "B"])
+            done = rng.randint(0, gateway.in_flight[tenant])
+            gateway.in_flight[tenant] -= done
+            gateway.admit()
+        elif action < 0.95:
+            state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+        else:
+            clock.advance(2.0)
+            loop.decide_once()
+        total = sum(sum(g.in_flight.values()) for g in gateways)
+        assert total <= POOL.budget_slots, f"{total} in flight over budget {POOL.budget_slots}"
+    # Quiesce: running requests finish; everyone reports and applies until nothing changes.
+    for gateway in gateways:
+        gateway.in_flight = {"A": 0, "B": 0}
+        gateway.queued = {"A": 0, "B": 0}
+    for _ in range(5):
+        for gateway in gateways:
+            assert gateway.session is not None
+            gateway.apply_pending(state)
+            state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    allocation = state.allocation
+    assert sum(allocation.tenant_limits.values()) == POOL.budget_slots
+    targets = sum(lim.target_slots for g in allocation.gateways.values() for lim in g.values())
+    assert targets == POOL.budget_slots
+    for limits in allocation.gateways.values():
+        for lim in limits.values():
+            assert lim.limit_slots == lim.target_slots
+    assert all(g.applied_version == allocation.version for g in gateways)
+
+
+def test_backlogged_tenant_gains_slots_from_an_idle_one_within_one_decision() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    gateway = SimGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    gateway.apply_pending(state)
+    gateway.queued["B"] = 200
+    gateway.admit()
+    assert gateway.session is not None
+    state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    record = loop.decide_once()
+    assert record.outcome is DecisionOutcome.PUBLISHED
+    assert record.outputs == {"A": 4, "B": 92}
+    # The gateway applies A's cut and acknowledges it; only then is B's raise granted, because
+    # until the acknowledgement A could still have been admitting up to its old limit.
+    assert gateway.apply_pending(state)
+    assert gateway.limits == {"A": 4, "B": 48}
+    assert gateway.apply_pending(state)
+    gateway.admit()
+    assert gateway.in_flight["B"] == 92
+
+
+def test_disconnected_gateway_keeps_its_slots_until_its_lease_runs_out() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    leaver = SimGateway("leaver", {"A": 24, "B": 24})
+    stayer = SimGateway("stayer", {"A": 24, "B": 24})
+    for gateway in (leaver, stayer):
+        gateway.connect(state)
+        gateway.apply_pending(state)
+    leaver.queued["B"] = 48
+    leaver.admit()
+    assert leaver.session is not None and stayer.session is not None
+    state.record_demand(leaver.session, leaver.applied_version, leaver.usage())
+    state.disconnect_gateway(leaver.session)
+    stayer.queued["B"] = 500
+    stayer.admit()
+    state.record_demand(stayer.session, stayer.applied_version, stayer.usage())
+    loop.decide_once()
+    stayer.apply_pending(state)
+    held = sum(lim.limit_slots for lim in state.allocation.gateways["stayer"].values())
+    assert held <= POOL.budget_slots - 48, "the leaver's running requests still count"
+    clock.advance(6.0)
+    loop.decide_once()
+    stayer.apply_pending(state)
+    assert state.allocation.gateways["stayer"]["B"].limit_slots == 92
+    assert "leaver" not in state.allocation.gateways
+
+
+def test_invalid_policy_output_keeps_the_last_good_allocation() -> None:
+    class Broken:
+        name = "broken"
+
+        def decide(self, snapshot: object, pool: PoolConfig, state: object | None) -> object:
+            from controlplane.core.policy import PolicyDecision
+
+            return PolicyDecision(limits={"A": 90, "B": 90}, reason="greedy")
+
+    clock = ManualClock()
+    state = _state(clock)
+    before = state.allocation
+    record = DecisionLoop(state, Broken(), clock=clock).decide_once()  # type: ignore[arg-type]
+    assert record.outcome is DecisionOutcome.REJECTED
+    assert "sum to 180" in record.reason
+    assert state.allocation is before
+
+
+def test_restarted_control_plane_continues_above_the_gateways_version() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    gateway = SimGateway("gw", {"A": 40, "B": 56}, applied_version=57)
+    gateway.connect(state)
+    assert gateway.apply_pending(state), "the first update must not look stale to the gateway"
+    assert gateway.applied_version > 57
