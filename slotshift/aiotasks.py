@@ -25,7 +25,9 @@ class Supervisor:
         self.failures: list[tuple[str, BaseException]] = []
         """(task name, exception) for each task that died of an error."""
 
-    def spawn(self, name: str, coro: Coroutine[Any, Any, Any], *, forever: bool = True) -> asyncio.Task[Any]:
+    def spawn(
+        self, name: str, coro: Coroutine[Any, Any, Any], *, forever: bool = True
+    ) -> asyncio.Task[Any]:
         """Start `coro` as a task named `{supervisor}/{name}`.
 
         forever: the task should run until stopped; ending earlier is logged as an error.
@@ -61,6 +63,6 @@ class Supervisor:
             task.cancel()
         if not tasks:
             return
-        done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        _, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for task in pending:
             logger.error("task %s did not stop within %.1f s", task.get_name(), timeout_s)

@@ -52,7 +52,9 @@ def apportion(total: int, claims: Sequence[Claim]) -> list[int]:
         return []
     positive = [i for i, c in enumerate(claims) if c.target > 0]
     zero = [i for i, c in enumerate(claims) if c.target <= 0]
-    reachable_by_positive = sum(claims[i].upper for i in positive) + sum(claims[i].lower for i in zero)
+    reachable_by_positive = sum(claims[i].upper for i in positive) + sum(
+        claims[i].lower for i in zero
+    )
     if reachable_by_positive >= total:
         shares = _proportional(total, claims)
     else:
@@ -70,7 +72,9 @@ def apportion(total: int, claims: Sequence[Claim]) -> list[int]:
 def nominal_shares(pool: PoolConfig) -> dict[str, int]:
     """Each tenant's nominal share of the pool's budget: by weight, within its floor and ceiling."""
     claims = [Claim(t.floor_slots, pool.ceiling_of(t), t.weight) for t in pool.tenants]
-    return dict(zip((t.name for t in pool.tenants), apportion(pool.budget_slots, claims), strict=True))
+    return dict(
+        zip((t.name for t in pool.tenants), apportion(pool.budget_slots, claims), strict=True)
+    )
 
 
 def _check(total: int, claims: Sequence[Claim]) -> None:
@@ -83,7 +87,9 @@ def _check(total: int, claims: Sequence[Claim]) -> None:
                 f"[{claim.lower}, {claim.upper}]"
             )
         if not math.isfinite(claim.target) or claim.target < 0:
-            raise ApportionError(f"claim {index}: target must be finite and >= 0, got {claim.target}")
+            raise ApportionError(
+                f"claim {index}: target must be finite and >= 0, got {claim.target}"
+            )
     lowers = sum(c.lower for c in claims)
     uppers = sum(c.upper for c in claims)
     if not lowers <= total <= uppers:
@@ -123,7 +129,10 @@ def _proportional(total: int, claims: Sequence[Claim]) -> list[float]:
 
 def _round(total: int, claims: Sequence[Claim], shares: Sequence[float]) -> list[int]:
     """Whole slots: floor each share, then hand out the remainder by largest fraction."""
-    result = [min(max(math.floor(s + 1e-9), c.lower), c.upper) for s, c in zip(shares, claims, strict=True)]
+    result = [
+        min(max(math.floor(s + 1e-9), c.lower), c.upper)
+        for s, c in zip(shares, claims, strict=True)
+    ]
     fractions = [s - r for s, r in zip(shares, result, strict=True)]
     remainder = total - sum(result)
     order = sorted(range(len(claims)), key=lambda i: (-fractions[i], i))

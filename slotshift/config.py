@@ -35,7 +35,9 @@ class _Model(BaseModel):
 class TenantConfig(_Model):
     """One tenant of a pool: who it is, how it authenticates, and the bounds on its slots."""
 
-    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    name: Annotated[
+        str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    ]
     """The tenant's name, as it appears in allocations, metrics and traces."""
 
     api_keys: list[SecretStr] = Field(default_factory=list)
@@ -63,7 +65,9 @@ class TenantConfig(_Model):
 class PoolConfig(_Model):
     """One pool: one inference server (one vLLM engine) with its own fixed slot budget."""
 
-    name: Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+    name: Annotated[
+        str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    ]
     """The pool's name; every API message names its pool."""
 
     budget_slots: Annotated[int, Field(ge=1)]
@@ -179,6 +183,17 @@ class GatewayConfig(_Model):
     drain_timeout_s: PositiveSeconds = 30.0
     """Seconds running requests get to finish on shutdown."""
 
+    retry_after_s: Annotated[int, Field(ge=0)] = 1
+    """Seconds a client is told to wait (Retry-After) with a 429 (queue full) or a 503 (queue
+    timeout, shutting down)."""
+
+    latency_window_s: PositiveSeconds = 60.0
+    """Age of the oldest request counted in the reported latency percentiles (TTFT, end-to-end,
+    queue wait): the control plane judges how tenants are served now, not since start-up."""
+
+    latency_window_samples: Annotated[int, Field(ge=1)] = 1024
+    """Most requests per tenant and latency kind kept for the percentiles (bounds memory)."""
+
 
 class AgentConfig(_Model):
     """The telemetry agent on the GPU node."""
@@ -252,6 +267,47 @@ class EngineSimConfig(_Model):
 
     step_per_prefill_token_us: Annotated[float, Field(ge=0)] = 20.0
     """Added step time per prompt token prefilled in the step, in microseconds."""
+
+    default_max_tokens: Annotated[int, Field(ge=1)] = 256
+    """Output tokens a request gets when it names no max_tokens (capped by max_model_len)."""
+
+    pseudo_eos_max_tokens: Annotated[int, Field(ge=1)] = 1024
+    """Without ignore_eos a request stops at a pseudo end-of-sequence drawn from its prompt,
+    uniformly between 1 and this many output tokens (unless max_tokens comes first)."""
+
+    gpu_memory_total_bytes: Annotated[int, Field(ge=1)] = 150_754_820_096
+    """Memory of the emulated GPU (an H200 as NVML reports it)."""
+
+    model_weights_bytes: Annotated[int, Field(ge=0)] = 6_170_000_000
+    """Memory the emulated model's weights hold (Qwen2.5-3B in bf16)."""
+
+    kv_cache_bytes_per_token: Annotated[int, Field(ge=1)] = 36_864
+    """KV-cache memory one token holds (Qwen2.5-3B: 36 layers x 2 KV heads x 128 dims x K,V x
+    2 bytes); with kv_cache_blocks it sets the emulated memory in use."""
+
+    gpu_utilization_window_s: PositiveSeconds = 1.0
+    """Seconds over which the emulated GPU utilisation (busy time / wall time) is averaged."""
+
+    shutdown_grace_s: PositiveSeconds = 5.0
+    """Seconds running requests get to finish when the emulator stops; the rest are aborted."""
+
+    @model_validator(mode="after")
+    def _cache_holds_one_request(self) -> EngineSimConfig:
+        # vLLM refuses to start when one full-length request would not fit its KV cache, or the
+        # cache and weights not in GPU memory; the emulator fails the same way, at load time.
+        cache_tokens = self.kv_cache_blocks * self.block_size_tokens
+        if cache_tokens < self.max_model_len:
+            raise ValueError(
+                f"kv_cache_blocks x block_size_tokens ({cache_tokens} tokens) is below "
+                f"max_model_len ({self.max_model_len})"
+            )
+        needed = self.model_weights_bytes + cache_tokens * self.kv_cache_bytes_per_token
+        if needed > self.gpu_memory_total_bytes:
+            raise ValueError(
+                f"model_weights_bytes plus the KV cache ({needed} bytes) exceed "
+                f"gpu_memory_total_bytes ({self.gpu_memory_total_bytes})"
+            )
+        return self
 
 
 class LocalStackConfig(_Model):

@@ -1,0 +1,32 @@
+"""Entrypoint of the vLLM emulator service (`slotshift engine-sim`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from engine_sim.server import EngineSim
+from slotshift.config import SlotshiftConfig
+
+logger = logging.getLogger(__name__)
+
+
+async def run(config: SlotshiftConfig, stop: asyncio.Event) -> None:
+    """Serve the emulator until `stop` is set, then drain (shutdown_grace_s) and stop."""
+    section = config.engine_sim
+    sim = EngineSim(section)
+    await sim.start()
+    try:
+        logger.info(
+            "engine_sim ready on %s (model %s, max_num_seqs %d, kv_cache_blocks %d)",
+            sim.url,
+            section.model_name,
+            section.max_num_seqs,
+            section.kv_cache_blocks,
+        )
+        await stop.wait()
+        logger.info(
+            "engine_sim stopping: draining %d request(s)", sim.num_running + sim.num_waiting
+        )
+    finally:
+        await sim.stop()

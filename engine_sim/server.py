@@ -1,0 +1,270 @@
+"""The emulator's HTTP server: vLLM's OpenAI-compatible API and /metrics over an AsyncEngine.
+
+Endpoints: POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models,
+/health, /version and /metrics. A request whose client goes away is aborted in the engine, as
+vLLM does: the server runs with aiohttp's handler cancellation, so a vanished client cancels its
+handler even while it only waits for tokens, and the handler's `finally` aborts the request.
+"""
+
+from __future__ import annotations
+
+import uuid
+from http import HTTPStatus
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from engine_sim import openai_api
+from engine_sim.engine_core import FinishReason, RequestSpec
+from engine_sim.engine_loop import AsyncEngine, RequestStream
+from engine_sim.openai_api import ApiError, GenerationRequest, ResponseIdentity
+from engine_sim.tokens import filler_token, pseudo_eos_position, seed_of
+from slotshift.aiotasks import Supervisor
+from slotshift.clock import Clock, SystemClock
+from slotshift.config import EngineSimConfig
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Largest request body accepted (a max_model_len prompt of text fits many times over)."""
+
+
+class EngineSim:
+    """An in-process vLLM emulator: start() on the configured host and port (0 picks one)."""
+
+    def __init__(self, config: EngineSimConfig, *, clock: Clock | None = None) -> None:
+        self._config = config
+        self._clock: Clock = clock if clock is not None else SystemClock()
+        self._engine = AsyncEngine(config, self._clock)
+        self._supervisor = Supervisor("engine_sim")
+        self._runner: web.AppRunner | None = None
+        self._port: int | None = None
+        self._stopping = False
+
+    # --- what tests and the entrypoint read -------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("the emulator has not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. http://127.0.0.1:8000 (the OpenAI API is under /v1)."""
+        return f"http://{self._config.host}:{self.port}"
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
+    @property
+    def num_running(self) -> int:
+        """Requests in the running batch now."""
+        return self._engine.core.num_running
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued inside the engine now."""
+        return self._engine.core.num_waiting
+
+    @property
+    def peak_in_server(self) -> int:
+        """Most requests inside the server (running + waiting) at once since start or reset."""
+        return self._engine.core.peak_in_engine
+
+    def reset_peak(self) -> None:
+        """Start measuring peak_in_server afresh from the present number of requests."""
+        self._engine.core.reset_peak()
+
+    @property
+    def completed_count(self) -> int:
+        """Requests that finished normally (finished_reason stop or length)."""
+        core = self._engine.core
+        return core.finished_count(FinishReason.STOP) + core.finished_count(FinishReason.LENGTH)
+
+    @property
+    def aborted_count(self) -> int:
+        """Requests aborted because their client went away (or the emulator stopped)."""
+        return self._engine.core.finished_count(FinishReason.ABORT)
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the step loop and listen."""
+        if self._runner is not None:
+            raise RuntimeError("already started")
+        self._supervisor.spawn("steps", self._engine.run())
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.add_routes(
+            [
+                web.post("/v1/completions", self._completions),
+                web.post("/v1/chat/completions", self._chat_completions),
+                web.get("/v1/models", self._models),
+                web.get("/health", self._health),
+                web.get("/version", self._version),
+                web.get("/metrics", self._metrics),
+            ]
+        )
+        runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            shutdown_timeout=self._config.shutdown_grace_s,
+            access_log=None,
+        )
+        await runner.setup()
+        self._runner = runner
+        site = web.TCPSite(runner, self._config.host, self._config.port)
+        try:
+            await site.start()
+        except OSError:
+            await self.stop()
+            raise
+        self._port = int(runner.addresses[0][1])
+
+    async def stop(self) -> None:
+        """Refuse new work, give running requests shutdown_grace_s, abort the rest, stop."""
+        self._stopping = True
+        if self._runner is not None:
+            # Closes the listener, then waits for in-flight handlers (the step loop still runs,
+            # so they can finish) and cancels those still running after the grace period.
+            await self._runner.cleanup()
+        await self._supervisor.stop()
+        self._engine.abort_all()
+
+    # --- handlers --------------------------------------------------------------------------
+
+    async def _health(self, _: web.Request) -> web.Response:
+        if self._stopping:
+            return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE)
+        return web.Response(status=HTTPStatus.OK)
+
+    async def _version(self, _: web.Request) -> web.Response:
+        return web.json_response({"version": openai_api.EMULATED_VLLM_VERSION})
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(
+            body=self._engine.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def _models(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            openai_api.models_response(
+                self._config.model_name,
+                int(self._clock.wall()),
+                self._config.max_model_len,
+                f"modelperm-{uuid.uuid4().hex}",
+            )
+        )
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        try:
+            if self._stopping:
+                raise ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "The server is shutting down.")
+            body = openai_api.parse_json_body(await request.read())
+            if chat:
+                generation = openai_api.parse_chat_request(body, self._config)
+            else:
+                generation = openai_api.parse_completion_request(body, self._config)
+        except ApiError as exc:
+            return _error_response(exc)
+
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        seed = seed_of(generation.prompt_text)
+        stop_after = (
+            None
+            if generation.ignore_eos
+            else pseudo_eos_position(seed, self._config.pseudo_eos_max_tokens)
+        )
+        stream = self._engine.submit(
+            RequestSpec(request_id, generation.prompt_tokens, generation.max_tokens, stop_after)
+        )
+        identity = ResponseIdentity(
+            request_id, int(self._clock.wall()), self._config.model_name, chat
+        )
+        reply = _Reply(identity, seed)
+        try:
+            if generation.stream:
+                return await reply.stream(request, generation, stream)
+            return await reply.collect(generation, stream)
+        finally:
+            # No-op when the request finished; otherwise its client is gone (or the handler
+            # was cancelled), and vLLM frees the request's batch slot and KV blocks at once.
+            self._engine.abort(request_id)
+
+
+class _Reply:
+    """Turns one request's token stream into vLLM's response or its server-sent events."""
+
+    def __init__(self, identity: ResponseIdentity, seed: int) -> None:
+        self._identity = identity
+        self._seed = seed
+
+    async def collect(self, generation: GenerationRequest, stream: RequestStream) -> web.Response:
+        texts = [filler_token(self._seed, token.index) async for token in stream.tokens()]
+        finished = stream.finished
+        if finished is None or finished.reason is FinishReason.ABORT:
+            return _error_response(
+                ApiError(HTTPStatus.SERVICE_UNAVAILABLE, "The request was aborted.")
+            )
+        return web.json_response(
+            openai_api.full_response(
+                self._identity,
+                text="".join(texts),
+                finish_reason=finished.reason.value,
+                prompt_tokens=generation.prompt_tokens,
+                completion_tokens=finished.output_tokens,
+            )
+        )
+
+    async def stream(
+        self, request: web.Request, generation: GenerationRequest, stream: RequestStream
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
+        await response.prepare(request)
+        prompt_tokens = generation.prompt_tokens
+        continuous = generation.continuous_usage
+        try:
+            if self._identity.chat:
+                opening = openai_api.role_chunk(
+                    self._identity, (prompt_tokens, 0) if continuous else None
+                )
+                await response.write(openai_api.sse_event(opening))
+            async for token in stream.tokens():
+                chunk = openai_api.token_chunk(
+                    self._identity,
+                    text=filler_token(self._seed, token.index),
+                    finish_reason=None
+                    if token.finish_reason is None
+                    else token.finish_reason.value,
+                    usage_so_far=(prompt_tokens, token.index + 1) if continuous else None,
+                )
+                await response.write(openai_api.sse_event(chunk))
+            finished = stream.finished
+            if finished is None or finished.reason is FinishReason.ABORT:
+                return response  # the emulator is stopping; the stream ends without [DONE]
+            if generation.include_usage:
+                final = openai_api.usage_chunk(
+                    self._identity,
+                    prompt_tokens=prompt_tokens,
+                    completion_tokens=finished.output_tokens,
+                )
+                await response.write(openai_api.sse_event(final))
+            await response.write(openai_api.sse_event("[DONE]"))
+            await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client went away; the caller aborts the request
+        return response
+
+
+def _error_response(error: ApiError) -> web.Response:
+    return web.json_response(error.body(), status=error.status)

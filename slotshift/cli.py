@@ -1,0 +1,157 @@
+"""The `slotshift` command: one subcommand per service, plus `up` for the local stack.
+
+Environment variables and flags are read here and nowhere else; they become config overrides
+(`--set section.field=value`, values parsed as YAML) before the services see the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slotshift.config import ConfigError, SlotshiftConfig, apply_overrides, load_config
+from slotshift.logs import configure_logging
+
+DEFAULT_CONFIG = "deploy/local/slotshift.yaml"
+
+ServiceRun = Callable[..., Awaitable[None]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slotshift",
+        description="Share one LLM inference server's slots among tenants, zero-sum.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        type=Path,
+        default=Path(os.environ.get("SLOTSHIFT_CONFIG", DEFAULT_CONFIG)),
+        help="the YAML config file every service reads (env SLOTSHIFT_CONFIG; default %(default)s)",
+    )
+    common.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override one config field, e.g. --set gateway.port=8081 (repeatable)",
+    )
+    common.add_argument(
+        "--log-level",
+        default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR (env SLOTSHIFT_LOG_LEVEL; default %(default)s)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("controlplane", parents=[common], help="run the control plane")
+    gateway = commands.add_parser("gateway", parents=[common], help="run one admission gateway")
+    gateway.add_argument(
+        "--gateway-id",
+        default=os.environ.get("SLOTSHIFT_GATEWAY_ID"),
+        help="this replica's id (env SLOTSHIFT_GATEWAY_ID; default host name and port)",
+    )
+    gateway.add_argument("--port", type=int, help="HTTP port (overrides gateway.port)")
+    agent = commands.add_parser("agent", parents=[common], help="run the telemetry agent")
+    agent.add_argument(
+        "--agent-id",
+        default=os.environ.get("SLOTSHIFT_AGENT_ID"),
+        help="this agent's id (env SLOTSHIFT_AGENT_ID; default the host name)",
+    )
+    commands.add_parser("engine-sim", parents=[common], help="run the vLLM emulator")
+    up = commands.add_parser(
+        "up",
+        parents=[common],
+        help="run the whole local stack (emulator, control plane, agent, gateways)",
+    )
+    up.add_argument(
+        "--demo",
+        action="store_true",
+        help="run a short demo load, print how the slots moved, then stop the stack",
+    )
+    up.add_argument(
+        "--demo-duration-s",
+        type=float,
+        default=24.0,
+        help="length of the demo load in seconds (default %(default)s)",
+    )
+    return parser
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {pair!r}: expected SECTION.FIELD=VALUE")
+        overrides[key.strip()] = yaml.safe_load(raw)
+    return overrides
+
+
+def load(args: argparse.Namespace) -> SlotshiftConfig:
+    config = load_config(args.config)
+    overrides = parse_overrides(args.overrides)
+    return apply_overrides(config, overrides) if overrides else config
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    configure_logging(args.command, args.log_level)
+    try:
+        config = load(args)
+    except ConfigError as exc:
+        print(f"slotshift: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "up":
+        from slotshift.local_stack import run_local_stack
+
+        return asyncio.run(
+            run_local_stack(
+                config,
+                config_path=args.config,
+                overrides=args.overrides,
+                log_level=args.log_level,
+                demo=args.demo,
+                demo_duration_s=args.demo_duration_s,
+            )
+        )
+    run, identity = _service(args)
+    asyncio.run(_serve(run, config, identity))
+    return 0
+
+
+def _service(args: argparse.Namespace) -> tuple[ServiceRun, dict[str, Any]]:
+    # Imported lazily: each process loads only the service it runs.
+    if args.command == "controlplane":
+        from controlplane.main import run as controlplane_run
+
+        return controlplane_run, {}
+    if args.command == "gateway":
+        from admission_gateway.main import run as gateway_run
+
+        return gateway_run, {"gateway_id": args.gateway_id, "port": args.port}
+    if args.command == "agent":
+        from telemetry_agent.main import run as agent_run
+
+        return agent_run, {"agent_id": args.agent_id}
+    if args.command == "engine-sim":
+        from engine_sim.main import run as engine_run
+
+        return engine_run, {}
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+async def _serve(run: ServiceRun, config: SlotshiftConfig, identity: dict[str, Any]) -> None:
+    """Run a service until SIGINT or SIGTERM, then let it shut down in order."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await run(config, stop, **identity)
