@@ -97,7 +97,14 @@ class ControlPlane:
             raise OSError(f"cannot bind gRPC on {settings.grpc_host}:{settings.grpc_port}")
         await server.start()
         self._server = server
-        self._metrics_runner = await self._start_metrics(settings.grpc_host, settings.metrics_port)
+        try:
+            self._metrics_runner = await self._start_metrics(
+                settings.grpc_host, settings.metrics_port
+            )
+        except OSError:
+            # A half-started control plane must not leave its gRPC server behind.
+            await self.stop()
+            raise
         for name, loop in self.loops.items():
             self._tasks.spawn(f"decision-loop/{name}", loop.run())
         for service in ("", *SERVICE_NAMES[:-1]):

@@ -22,7 +22,8 @@ The scheduler follows vLLM V1's, reduced to what shapes latency and throughput:
 - Step time = step_base_ms + step_per_seq_ms x sequences + step_per_context_token_us x context
   tokens / 1000 + step_per_prefill_token_us x prefill tokens / 1000, where context tokens are the
   tokens the scheduled sequences hold after the step and prefill tokens those computed for
-  sequences that are not simply decoding.
+  sequences that are not simply decoding. The costs and limits come from the configured profile
+  (engine_sim/profiles.py) with the config's overrides.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from engine_sim.profiles import EngineProfile, effective_profile
 from slotshift.config import EngineSimConfig
 
 
@@ -157,10 +159,11 @@ class EngineCore:
 
     def __init__(self, config: EngineSimConfig) -> None:
         self._config = config
+        self._profile = effective_profile(config)
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
-        self._free_blocks = config.kv_cache_blocks
+        self._free_blocks = self._profile.kv_cache_blocks
         self._in_flight: ScheduledStep | None = None
         self._next_step_id = 0
         self._peak_in_engine = 0
@@ -169,6 +172,11 @@ class EngineCore:
         self._steps_total = 0
 
     # --- state -----------------------------------------------------------------------------
+
+    @property
+    def profile(self) -> EngineProfile:
+        """The effective profile: the configured one with the config's overrides."""
+        return self._profile
 
     @property
     def num_running(self) -> int:
@@ -195,12 +203,12 @@ class EngineCore:
 
     @property
     def used_blocks(self) -> int:
-        return self._config.kv_cache_blocks - self._free_blocks
+        return self._profile.kv_cache_blocks - self._free_blocks
 
     @property
     def kv_cache_usage(self) -> float:
         """Fraction of KV blocks in use, 0 to 1 (vLLM's kv_cache_usage_perc)."""
-        return self.used_blocks / self._config.kv_cache_blocks
+        return self.used_blocks / self._profile.kv_cache_blocks
 
     def finished_count(self, reason: FinishReason) -> int:
         """Requests that ended for `reason` since start."""
@@ -252,7 +260,7 @@ class EngineCore:
         """Decide the next step; the caller lets duration_s pass, then calls complete()."""
         if self._in_flight is not None:
             raise RuntimeError("the previous step has not completed")
-        budget = self._config.max_num_batched_tokens
+        budget = self._profile.max_num_batched_tokens
         entries: list[_Scheduled] = []
         preemptions = 0
 
@@ -277,7 +285,7 @@ class EngineCore:
             index += 1
 
         if preemptions == 0:
-            while self._waiting and budget > 0 and len(self._running) < self._config.max_num_seqs:
+            while self._waiting and budget > 0 and len(self._running) < self._profile.max_num_seqs:
                 sequence = self._waiting[0]
                 new_tokens = min(sequence.num_tokens - sequence.num_computed_tokens, budget)
                 needed = self._blocks_for(new_tokens)
@@ -349,14 +357,7 @@ class EngineCore:
 
     def step_duration_s(self, num_seqs: int, context_tokens: int, prefill_tokens: int) -> float:
         """Seconds a step takes with this batch (the step-time model)."""
-        config = self._config
-        milliseconds = (
-            config.step_base_ms
-            + config.step_per_seq_ms * num_seqs
-            + config.step_per_context_token_us * context_tokens / 1000.0
-            + config.step_per_prefill_token_us * prefill_tokens / 1000.0
-        )
-        return milliseconds / 1000.0
+        return self._profile.step.step_ms(num_seqs, context_tokens, prefill_tokens) / 1000.0
 
     # --- internals -------------------------------------------------------------------------
 

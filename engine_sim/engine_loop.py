@@ -57,7 +57,7 @@ class AsyncEngine:
         self._busy = BusyTracker(config.gpu_utilization_window_s)
         self._memory = GpuMemoryModel(config)
         self.metrics = EngineMetrics(
-            config.model_name,
+            self.core.profile.model_name,
             LiveReadings(
                 num_running=lambda: self.core.num_running,
                 num_waiting=lambda: self.core.num_waiting,

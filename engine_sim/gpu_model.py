@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from engine_sim.profiles import effective_profile
 from slotshift.config import EngineSimConfig
 
 
@@ -56,9 +57,10 @@ class GpuMemoryModel:
     """Memory in use: the model's weights plus the KV-cache blocks the engine holds."""
 
     def __init__(self, config: EngineSimConfig) -> None:
-        self._total_bytes = config.gpu_memory_total_bytes
-        self._weights_bytes = config.model_weights_bytes
-        self._bytes_per_block = config.kv_cache_bytes_per_token * config.block_size_tokens
+        profile = effective_profile(config)
+        self._total_bytes = profile.gpu_memory_total_bytes
+        self._weights_bytes = profile.model_weights_bytes
+        self._bytes_per_block = profile.kv_cache_bytes_per_token * config.block_size_tokens
 
     @property
     def total_bytes(self) -> int:

@@ -18,11 +18,12 @@ async def run(config: SlotshiftConfig, stop: asyncio.Event) -> None:
     await sim.start()
     try:
         logger.info(
-            "engine_sim ready on %s (model %s, max_num_seqs %d, kv_cache_blocks %d)",
+            "engine_sim ready on %s (profile %s, model %s, max_num_seqs %d, kv_cache_blocks %d)",
             sim.url,
-            section.model_name,
-            section.max_num_seqs,
-            section.kv_cache_blocks,
+            section.profile,
+            sim.profile.model_name,
+            sim.profile.max_num_seqs,
+            sim.profile.kv_cache_blocks,
         )
         await stop.wait()
         logger.info(

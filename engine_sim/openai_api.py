@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, TypeGuard
 
+from engine_sim.profiles import effective_profile
 from engine_sim.tokens import count_chat_tokens, count_text_tokens
 from slotshift.config import EngineSimConfig
 
@@ -104,7 +105,7 @@ def _check_common(body: JsonObject, config: EngineSimConfig) -> None:
         raise ApiError(
             HTTPStatus.BAD_REQUEST, "n must be 1: the emulator samples one sequence.", param="n"
         )
-    if model is not None and model != config.model_name:
+    if model is not None and model != effective_profile(config).model_name:
         raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist.", param="model")
 
 

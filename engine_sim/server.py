@@ -18,6 +18,7 @@ from engine_sim import openai_api
 from engine_sim.engine_core import FinishReason, RequestSpec
 from engine_sim.engine_loop import AsyncEngine, RequestStream
 from engine_sim.openai_api import ApiError, GenerationRequest, ResponseIdentity
+from engine_sim.profiles import EngineProfile
 from engine_sim.tokens import filler_token, pseudo_eos_position, seed_of
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
@@ -55,6 +56,11 @@ class EngineSim:
     @property
     def engine(self) -> AsyncEngine:
         return self._engine
+
+    @property
+    def profile(self) -> EngineProfile:
+        """The emulated GPU and model: the configured profile with the config's overrides."""
+        return self._engine.core.profile
 
     @property
     def num_running(self) -> int:
@@ -148,7 +154,7 @@ class EngineSim:
     async def _models(self, _: web.Request) -> web.Response:
         return web.json_response(
             openai_api.models_response(
-                self._config.model_name,
+                self.profile.model_name,
                 int(self._clock.wall()),
                 self._config.max_model_len,
                 f"modelperm-{uuid.uuid4().hex}",
@@ -184,7 +190,7 @@ class EngineSim:
             RequestSpec(request_id, generation.prompt_tokens, generation.max_tokens, stop_after)
         )
         identity = ResponseIdentity(
-            request_id, int(self._clock.wall()), self._config.model_name, chat
+            request_id, int(self._clock.wall()), self.profile.model_name, chat
         )
         reply = _Reply(identity, seed)
         try:

@@ -28,7 +28,9 @@ INIT_TEXT = '"""Generated from proto/slotshift/v1 by scripts/gen_protos.py; do n
 
 def generate(out_root: Path) -> list[Path]:
     """Generate every proto under proto/slotshift/v1 into out_root/slotshift/v1; return the files."""
-    protos = sorted(str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PACKAGE_DIR).glob("*.proto"))
+    protos = sorted(
+        str(p.relative_to(PROTO_ROOT)) for p in (PROTO_ROOT / PACKAGE_DIR).glob("*.proto")
+    )
     if not protos:
         raise SystemExit(f"no .proto files under {PROTO_ROOT / PACKAGE_DIR}")
     # protoc finds the mypy-protobuf plugins on PATH; they sit beside this interpreter.

@@ -55,6 +55,11 @@ class Supervisor:
     def tasks(self) -> frozenset[asyncio.Task[Any]]:
         return frozenset(self._tasks)
 
+    def begin_stop(self) -> None:
+        """From now on tasks may end: an owner that winds tasks down gently before stop() calls
+        this first, so that their ending is not reported as a failure."""
+        self._stopping = True
+
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Cancel every task and wait for them, at most timeout_s; survives being cancelled again."""
         self._stopping = True

@@ -43,6 +43,11 @@ class TenantConfig(_Model):
     api_keys: list[SecretStr] = Field(default_factory=list)
     """API keys (`Authorization: Bearer KEY`) that identify this tenant at the gateways."""
 
+    api_keys_file: str | None = None
+    """A file with one API key per line, such as a mounted Kubernetes Secret; its keys are added to
+    api_keys when the config is loaded. A relative path is relative to the config file's folder;
+    blank lines and lines starting with `#` are ignored."""
+
     floor_slots: Annotated[int, Field(ge=0)] = 1
     """Slots the tenant always keeps, whatever its demand."""
 
@@ -238,17 +243,23 @@ class EngineSimConfig(_Model):
     port: Port = 8000
     """Port of its OpenAI API and /metrics; 0 picks one."""
 
-    model_name: str = "Qwen/Qwen2.5-3B-Instruct"
-    """The model name it serves and labels its metrics with."""
+    profile: Literal["h200-qwen2.5-3b", "h200-qwen2.5-7b"] = "h200-qwen2.5-3b"
+    """The emulated GPU and model (see engine_sim/profiles.py): step-time costs, batch limits,
+    KV-cache size and memory. Every field below that is unset (null) takes the profile's value;
+    a value set here overrides the profile's. The emulator refuses to start, as vLLM would, when
+    one full-length request does not fit the KV cache or weights and cache exceed GPU memory."""
 
-    max_num_seqs: Annotated[int, Field(ge=1)] = 256
-    """Most sequences in one batch (vLLM's --max-num-seqs)."""
+    model_name: str | None = None
+    """The model name it serves and labels its metrics with; unset: the profile's model."""
 
-    max_num_batched_tokens: Annotated[int, Field(ge=1)] = 8192
-    """Most tokens one step processes, prefill and decode together."""
+    max_num_seqs: Annotated[int, Field(ge=1)] | None = None
+    """Most sequences in one batch (vLLM's --max-num-seqs); unset: the profile's."""
 
-    kv_cache_blocks: Annotated[int, Field(ge=1)] = 40000
-    """KV-cache capacity in blocks; requests wait when it is full."""
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] | None = None
+    """Most tokens one step processes, prefill and decode together; unset: the profile's."""
+
+    kv_cache_blocks: Annotated[int, Field(ge=1)] | None = None
+    """KV-cache capacity in blocks (requests wait when it is full); unset: the profile's."""
 
     block_size_tokens: Annotated[int, Field(ge=1)] = 16
     """Tokens per KV-cache block."""
@@ -256,17 +267,19 @@ class EngineSimConfig(_Model):
     max_model_len: Annotated[int, Field(ge=16)] = 32768
     """Longest prompt plus output, in tokens."""
 
-    step_base_ms: Annotated[float, Field(ge=0)] = 2.33
-    """Fixed cost of one engine step."""
+    step_base_ms: Annotated[float, Field(ge=0)] | None = None
+    """Fixed cost of one engine step; unset: the profile's."""
 
-    step_per_seq_ms: Annotated[float, Field(ge=0)] = 0.104
-    """Added step time per sequence in the batch."""
+    step_per_seq_ms: Annotated[float, Field(ge=0)] | None = None
+    """Added step time per sequence in the batch; unset: the profile's."""
 
-    step_per_context_token_us: Annotated[float, Field(ge=0)] = 0.0
-    """Added step time per context token held by the batch, in microseconds."""
+    step_per_context_token_us: Annotated[float, Field(ge=0)] | None = None
+    """Added step time per context token held by the batch, in microseconds; unset: the
+    profile's."""
 
-    step_per_prefill_token_us: Annotated[float, Field(ge=0)] = 20.0
-    """Added step time per prompt token prefilled in the step, in microseconds."""
+    step_per_prefill_token_us: Annotated[float, Field(ge=0)] | None = None
+    """Added step time per prompt token prefilled in the step, in microseconds; unset: the
+    profile's."""
 
     default_max_tokens: Annotated[int, Field(ge=1)] = 256
     """Output tokens a request gets when it names no max_tokens (capped by max_model_len)."""
@@ -275,39 +288,21 @@ class EngineSimConfig(_Model):
     """Without ignore_eos a request stops at a pseudo end-of-sequence drawn from its prompt,
     uniformly between 1 and this many output tokens (unless max_tokens comes first)."""
 
-    gpu_memory_total_bytes: Annotated[int, Field(ge=1)] = 150_754_820_096
-    """Memory of the emulated GPU (an H200 as NVML reports it)."""
+    gpu_memory_total_bytes: Annotated[int, Field(ge=1)] | None = None
+    """Memory of the emulated GPU as NVML reports it; unset: the profile's (an H200)."""
 
-    model_weights_bytes: Annotated[int, Field(ge=0)] = 6_170_000_000
-    """Memory the emulated model's weights hold (Qwen2.5-3B in bf16)."""
+    model_weights_bytes: Annotated[int, Field(ge=0)] | None = None
+    """Memory the emulated model's weights hold; unset: the profile's (bf16 weights)."""
 
-    kv_cache_bytes_per_token: Annotated[int, Field(ge=1)] = 36_864
-    """KV-cache memory one token holds (Qwen2.5-3B: 36 layers x 2 KV heads x 128 dims x K,V x
-    2 bytes); with kv_cache_blocks it sets the emulated memory in use."""
+    kv_cache_bytes_per_token: Annotated[int, Field(ge=1)] | None = None
+    """KV-cache memory one token holds (layers x KV heads x head dims x K,V x 2 bytes); with
+    kv_cache_blocks it sets the emulated memory in use; unset: the profile's."""
 
     gpu_utilization_window_s: PositiveSeconds = 1.0
     """Seconds over which the emulated GPU utilisation (busy time / wall time) is averaged."""
 
     shutdown_grace_s: PositiveSeconds = 5.0
     """Seconds running requests get to finish when the emulator stops; the rest are aborted."""
-
-    @model_validator(mode="after")
-    def _cache_holds_one_request(self) -> EngineSimConfig:
-        # vLLM refuses to start when one full-length request would not fit its KV cache, or the
-        # cache and weights not in GPU memory; the emulator fails the same way, at load time.
-        cache_tokens = self.kv_cache_blocks * self.block_size_tokens
-        if cache_tokens < self.max_model_len:
-            raise ValueError(
-                f"kv_cache_blocks x block_size_tokens ({cache_tokens} tokens) is below "
-                f"max_model_len ({self.max_model_len})"
-            )
-        needed = self.model_weights_bytes + cache_tokens * self.kv_cache_bytes_per_token
-        if needed > self.gpu_memory_total_bytes:
-            raise ValueError(
-                f"model_weights_bytes plus the KV cache ({needed} bytes) exceed "
-                f"gpu_memory_total_bytes ({self.gpu_memory_total_bytes})"
-            )
-        return self
 
 
 class LocalStackConfig(_Model):
@@ -365,31 +360,71 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Slotsh
 
 
 def load_config(path: Path) -> SlotshiftConfig:
-    """Read and validate a YAML configuration file."""
+    """Read and validate a YAML configuration file, with the tenants' api_keys_file read in."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from exc
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    return parse_config(data, source=str(path))
+    config = parse_config(data, source=str(path))
+    return _with_key_files(config, path)
+
+
+def _with_key_files(config: SlotshiftConfig, config_path: Path) -> SlotshiftConfig:
+    """Add each tenant's api_keys_file keys to its api_keys; the path becomes absolute."""
+    if not any(t.api_keys_file for pool in config.pools for t in pool.tenants):
+        return config
+    data = config.model_dump(mode="python")
+    _reveal_secrets(data)
+    for pool in data["pools"]:
+        for tenant in pool["tenants"]:
+            if tenant["api_keys_file"] is None:
+                continue
+            keys_path = config_path.parent / tenant["api_keys_file"]
+            try:
+                text = keys_path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(
+                    f"{config_path}: tenant {tenant['name']!r} of pool {pool['name']!r}: "
+                    f"cannot read api_keys_file {keys_path}: {exc}"
+                ) from exc
+            tenant["api_keys"] += _keys_in(text)
+            # Absolute, so that a dump of this config names the file wherever it is read again.
+            tenant["api_keys_file"] = str(keys_path.absolute())
+    return parse_config(data, source=str(config_path))
+
+
+def _keys_in(text: str) -> list[str]:
+    """The keys of an api_keys_file: one per line, blank lines and `#` comments skipped."""
+    stripped = (line.strip() for line in text.splitlines())
+    return [line for line in stripped if line and not line.startswith("#")]
 
 
 def apply_overrides(config: SlotshiftConfig, overrides: Mapping[str, Any]) -> SlotshiftConfig:
-    """Return a copy with dotted-path overrides (`gateway.port`: 8081) applied and re-validated."""
+    """Return a copy with dotted-path overrides applied and re-validated.
+
+    A path names fields by name and list items by index: `gateway.port` = 8081,
+    `pools.0.decision_period_s` = 1.0.
+    """
     data = config.model_dump(mode="python")
     _reveal_secrets(data)
     for dotted, value in overrides.items():
         node: Any = data
         *parents, leaf = dotted.split(".")
         for part in parents:
-            if not isinstance(node, dict) or part not in node:
-                raise ConfigError(f"override {dotted}: no section {part!r}")
-            node = node[part]
-        if not isinstance(node, dict) or leaf not in node:
-            raise ConfigError(f"override {dotted}: no field {leaf!r}")
-        node[leaf] = value
+            node = _child(node, part, dotted)
+        _child(node, leaf, dotted)
+        node[int(leaf) if isinstance(node, list) else leaf] = value
     return parse_config(data, source="overrides")
+
+
+def _child(node: Any, part: str, dotted: str) -> Any:
+    if isinstance(node, dict) and part in node:
+        return node[part]
+    if isinstance(node, list) and part.isdigit() and int(part) < len(node):
+        return node[int(part)]
+    raise ConfigError(f"override {dotted}: no field or item {part!r}")
 
 
 def _reveal_secrets(data: Any) -> None:

@@ -88,8 +88,10 @@ async def run_demo(config: SlotshiftConfig, *, duration_s: float) -> bool:
         flush=True,
     )
     timeout = aiohttp.ClientTimeout(total=120)
+    # No connection limit: every worker holds one connection for its whole request, and the
+    # sampler must never queue behind them.
     async with (
-        aiohttp.ClientSession(timeout=timeout) as session,
+        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session,
         grpc.aio.insecure_channel(f"{cp.grpc_host}:{cp.grpc_port}") as channel,
     ):
         model = await _model_name(session, gateways[0], keys["B"])

@@ -98,6 +98,7 @@ class TelemetryAgent:
     async def stop(self) -> None:
         """Stop sampling, end the stream cleanly, release NVML and the HTTP endpoint."""
         self._serving = False
+        self._supervisor.begin_stop()
         await self._stream.finish(_STREAM_CLOSE_TIMEOUT_S)
         await self._supervisor.stop()
         await self._scraper.close()

@@ -41,7 +41,9 @@ async def fail_on_leaked_tasks() -> AsyncIterator[None]:
         task.cancel()
     if leaked:
         await asyncio.gather(*leaked, return_exceptions=True)
-        pytest.fail(f"test left {len(leaked)} asyncio task(s) running: {[_describe(t) for t in leaked]}")
+        pytest.fail(
+            f"test left {len(leaked)} asyncio task(s) running: {[_describe(t) for t in leaked]}"
+        )
 
 
 def _describe(task: asyncio.Task[object]) -> str:

@@ -26,7 +26,10 @@ def _pool(rng: random.Random) -> PoolConfig:
         ceiling = rng.choice([None, rng.randint(floor, budget)])
         tenants.append(
             TenantConfig(
-                name=f"t{index}", floor_slots=floor, ceiling_slots=ceiling, weight=rng.uniform(0.1, 5)
+                name=f"t{index}",
+                floor_slots=floor,
+                ceiling_slots=ceiling,
+                weight=rng.uniform(0.1, 5),
             )
         )
     # Make the ceilings able to absorb the budget: the last tenant takes any amount.
@@ -103,9 +106,11 @@ def test_demand_policy_at_rest_is_the_static_split() -> None:
         name="p", budget_slots=96, tenants=[TenantConfig(name="A"), TenantConfig(name="B")]
     )
     idle = PoolSnapshot(now_s=0.0, tenants={}, current_limits={})
-    assert DemandPolicy().decide(idle, pool, None).limits == make_policy("static").decide(
-        idle, pool, None
-    ).limits == {"A": 48, "B": 48}
+    assert (
+        DemandPolicy().decide(idle, pool, None).limits
+        == make_policy("static").decide(idle, pool, None).limits
+        == {"A": 48, "B": 48}
+    )
 
 
 def test_unknown_policy_names_the_known_ones() -> None:

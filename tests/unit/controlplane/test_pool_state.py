@@ -36,7 +36,9 @@ class SimGateway:
 
     def usage(self) -> dict[str, TenantUsage]:
         return {
-            t: TenantUsage(in_flight=self.in_flight[t], queued=self.queued[t], limit_slots=self.limits[t])
+            t: TenantUsage(
+                in_flight=self.in_flight[t], queued=self.queued[t], limit_slots=self.limits[t]
+            )
             for t in self.limits
         }
 
@@ -48,7 +50,9 @@ class SimGateway:
         allocation = self.session.mailbox.take_nowait()
         if allocation is None or allocation.version <= self.applied_version:
             return False
-        self.limits = {t: lim.limit_slots for t, lim in allocation.gateways[self.gateway_id].items()}
+        self.limits = {
+            t: lim.limit_slots for t, lim in allocation.gateways[self.gateway_id].items()
+        }
         self.applied_version = allocation.version
         state.record_ack(self.session, allocation.version, self.usage())
         return True
@@ -62,7 +66,11 @@ class SimGateway:
 
 def _state(clock: ManualClock) -> PoolState:
     return PoolState(
-        POOL, clock=clock, gateway_lease_ttl_s=6.0, telemetry_stale_after_s=5.0, decision_log_size=64
+        POOL,
+        clock=clock,
+        gateway_lease_ttl_s=6.0,
+        telemetry_stale_after_s=5.0,
+        decision_log_size=64,
     )
 
 

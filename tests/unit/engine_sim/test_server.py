@@ -329,18 +329,18 @@ async def test_metrics_have_vllms_v1_names_types_labels_and_buckets(
         samples("slotshift_sim_gpu_utilization_percent"), "slotshift_sim_gpu_utilization_percent"
     )
     assert 0 < utilization <= 100  # the steps just run fall inside the 1 s window
-    config = fast_config()
+    profile = sim.profile
     assert (
         value_of(
             samples("slotshift_sim_gpu_memory_used_bytes"), "slotshift_sim_gpu_memory_used_bytes"
         )
-        == config.model_weights_bytes
+        == profile.model_weights_bytes
     )
     assert (
         value_of(
             samples("slotshift_sim_gpu_memory_total_bytes"), "slotshift_sim_gpu_memory_total_bytes"
         )
-        == config.gpu_memory_total_bytes
+        == profile.gpu_memory_total_bytes
     )
 
 

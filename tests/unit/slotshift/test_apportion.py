@@ -16,7 +16,9 @@ def _random_case(rng: random.Random) -> tuple[int, list[Claim]]:
     for _ in range(rng.randint(1, 12)):
         lower = rng.choice([0, 0, 1, rng.randint(0, 20)])
         upper = lower + rng.choice([0, rng.randint(0, 10), rng.randint(0, 200)])
-        target = rng.choice([0.0, rng.uniform(0, 1), float(rng.randint(0, 500)), rng.expovariate(0.1)])
+        target = rng.choice(
+            [0.0, rng.uniform(0, 1), float(rng.randint(0, 500)), rng.expovariate(0.1)]
+        )
         claims.append(Claim(lower, upper, target))
     total = rng.randint(sum(c.lower for c in claims), sum(c.upper for c in claims))
     return total, claims
@@ -37,7 +39,9 @@ def test_contract_holds_on_10000_seeded_random_cases() -> None:
 def _assert_proportional(total: int, claims: list[Claim], result: list[int]) -> None:
     """Between its bounds, every positive claim gets within one slot of p * target for one p."""
     positive = [
-        (c, r) for c, r in zip(claims, result, strict=True) if c.target > 0 and c.lower < r < c.upper
+        (c, r)
+        for c, r in zip(claims, result, strict=True)
+        if c.target > 0 and c.lower < r < c.upper
     ]
     if len(positive) < 2:
         return
@@ -51,15 +55,28 @@ def _assert_proportional(total: int, claims: list[Claim], result: list[int]) -> 
 @pytest.mark.parametrize(
     ("total", "claims", "expected"),
     [
-        pytest.param(96, [Claim(4, 96, 0), Claim(4, 96, 130)], [4, 92], id="idle-tenant-keeps-floor"),
+        pytest.param(
+            96, [Claim(4, 96, 0), Claim(4, 96, 130)], [4, 92], id="idle-tenant-keeps-floor"
+        ),
         pytest.param(96, [Claim(4, 96, 0), Claim(4, 96, 0)], [48, 48], id="all-idle-split-evenly"),
         pytest.param(96, [Claim(0, 96, 1)], [96], id="one-claim-takes-all"),
         pytest.param(10, [Claim(5, 5, 3), Claim(5, 5, 0)], [5, 5], id="floors-sum-to-total"),
         pytest.param(0, [Claim(0, 5, 1), Claim(0, 5, 1)], [0, 0], id="nothing-to-split"),
-        pytest.param(7, [Claim(0, 7, 1), Claim(0, 7, 1), Claim(0, 7, 1)], [3, 2, 2], id="ties-by-position"),
-        pytest.param(10, [Claim(0, 3, 1), Claim(0, 10, 0), Claim(0, 10, 0)], [3, 4, 3], id="saturated-positives-spill-to-zero-targets"),
-        pytest.param(96, [Claim(4, 20, 100), Claim(4, 96, 1)], [20, 76], id="ceiling-caps-large-target"),
-        pytest.param(96, [Claim(40, 96, 1), Claim(4, 96, 100)], [40, 56], id="floor-lifts-small-target"),
+        pytest.param(
+            7, [Claim(0, 7, 1), Claim(0, 7, 1), Claim(0, 7, 1)], [3, 2, 2], id="ties-by-position"
+        ),
+        pytest.param(
+            10,
+            [Claim(0, 3, 1), Claim(0, 10, 0), Claim(0, 10, 0)],
+            [3, 4, 3],
+            id="saturated-positives-spill-to-zero-targets",
+        ),
+        pytest.param(
+            96, [Claim(4, 20, 100), Claim(4, 96, 1)], [20, 76], id="ceiling-caps-large-target"
+        ),
+        pytest.param(
+            96, [Claim(40, 96, 1), Claim(4, 96, 100)], [40, 56], id="floor-lifts-small-target"
+        ),
         pytest.param(3, [], None, id="no-claims-nonzero-total"),
     ],
 )

@@ -1,0 +1,328 @@
+"""Per-tenant admission: at most `limit_slots` requests of a tenant run at once; the rest wait.
+
+This is the lever slotshift turns: the control plane resizes each tenant's limit, and the gateway
+lets only that many of the tenant's requests into the engine. The rules, after Kubernetes API
+Priority and Fairness's fair queuing:
+
+- `in_flight <= limit_slots` holds at every admission. Requests beyond it wait in a bounded FIFO
+  queue; a full queue rejects at once (QueueFull), a request that waits too long is rejected
+  (QueueTimeout).
+- Strict FIFO: a newly arriving request never overtakes a queued one, even when a slot is free at
+  the moment it arrives but a queued request has been granted it and has not run yet.
+- Growing the limit admits queued requests in FIFO order up to the new limit. Shrinking it never
+  cancels a running request: admission just stops until in_flight has fallen below the limit.
+- A slot is released exactly once, however its request ends (normal end, error, cancellation
+  while queued or while running): `Slot` is an async context manager and release is idempotent.
+
+Pure asyncio and stdlib (import-linter forbids web and RPC frameworks here). Queue waits are
+measured with the injected Clock; the queue timeout itself is an event-loop timer, because only the
+loop can wake a waiter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from dataclasses import dataclass
+from types import TracebackType
+from typing import ClassVar
+
+from admission_gateway.latency_window import LatencyWindow
+from slotshift.clock import Clock
+
+
+class AdmissionRejected(Exception):
+    """A request was not admitted; `reason` is the label it is counted under."""
+
+    reason: ClassVar[str] = "rejected"
+
+
+class QueueFull(AdmissionRejected):
+    """The tenant's queue already holds queue_max_depth requests."""
+
+    reason: ClassVar[str] = "queue_full"
+
+
+class QueueTimeout(AdmissionRejected):
+    """The request waited queue_timeout_s without getting a slot."""
+
+    reason: ClassVar[str] = "queue_timeout"
+
+
+class AdmissionClosed(AdmissionRejected):
+    """The gateway is shutting down and admits nothing more."""
+
+    reason: ClassVar[str] = "shutting_down"
+
+
+REJECTION_REASONS: tuple[str, ...] = (QueueFull.reason, QueueTimeout.reason, AdmissionClosed.reason)
+"""Every reason a rejection is counted under."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantUsage:
+    """One tenant's admission state at one moment."""
+
+    tenant: str
+    limit_slots: int
+    in_flight: int
+    queued: int
+    admitted_total: int
+    completed_total: int
+    rejected_total: int
+
+
+class Slot:
+    """The right to run one request; release it exactly once (leaving `async with` does).
+
+    Releasing twice is harmless: only the first release frees the slot.
+    """
+
+    __slots__ = ("_admission", "_released", "queue_wait_s")
+
+    def __init__(self, admission: TenantAdmission, queue_wait_s: float) -> None:
+        self._admission = admission
+        self._released = False
+        self.queue_wait_s = queue_wait_s
+        """Seconds the request waited in the queue before it was admitted."""
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def release(self) -> None:
+        """Give the slot back; it goes to the longest-waiting queued request, if any fits."""
+        if self._released:
+            return
+        self._released = True
+        self._admission._on_release()
+
+    async def __aenter__(self) -> Slot:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+@dataclass(slots=True, eq=False)
+class _Waiter:
+    future: asyncio.Future[Slot]
+    enqueued_at: float
+    timer: asyncio.TimerHandle | None = None
+
+
+class TenantAdmission:
+    """Admission for one tenant at one gateway, with a limit that can change at any time."""
+
+    def __init__(
+        self,
+        tenant: str,
+        limit_slots: int,
+        *,
+        queue_max_depth: int,
+        queue_timeout_s: float,
+        clock: Clock,
+        queue_wait_window: LatencyWindow | None = None,
+    ) -> None:
+        if limit_slots < 0:
+            raise ValueError(f"limit_slots must not be negative, got {limit_slots}")
+        if queue_max_depth < 0:
+            raise ValueError(f"queue_max_depth must not be negative, got {queue_max_depth}")
+        if queue_timeout_s <= 0:
+            raise ValueError(f"queue_timeout_s must be positive, got {queue_timeout_s}")
+        self.tenant = tenant
+        self._limit = limit_slots
+        self._queue_max_depth = queue_max_depth
+        self._queue_timeout_s = queue_timeout_s
+        self._clock = clock
+        self.queue_wait = (
+            queue_wait_window if queue_wait_window is not None else LatencyWindow(clock)
+        )
+        """Queue waits of recently admitted requests (0 for those admitted at once)."""
+        self._queue: deque[_Waiter] = deque()
+        self._in_flight = 0
+        self._admitted_total = 0
+        self._completed_total = 0
+        self._abandoned_total = 0
+        self._rejected: dict[str, int] = dict.fromkeys(REJECTION_REASONS, 0)
+        self._closed = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def limit_slots(self) -> int:
+        """Most requests admitted at once from now on."""
+        return self._limit
+
+    @property
+    def in_flight(self) -> int:
+        """Requests admitted whose slot has not been released yet."""
+        return self._in_flight
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._queue)
+
+    @property
+    def admitted_total(self) -> int:
+        return self._admitted_total
+
+    @property
+    def completed_total(self) -> int:
+        """Admitted requests that have released their slot, whatever their outcome."""
+        return self._completed_total
+
+    @property
+    def abandoned_total(self) -> int:
+        """Queued requests whose caller gave up (was cancelled) before being admitted."""
+        return self._abandoned_total
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self._rejected.values())
+
+    @property
+    def rejected_by_reason(self) -> dict[str, int]:
+        """Rejections per reason (every reason of REJECTION_REASONS is present)."""
+        return dict(self._rejected)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def usage(self) -> TenantUsage:
+        """The counters and gauges as one consistent snapshot."""
+        return TenantUsage(
+            tenant=self.tenant,
+            limit_slots=self._limit,
+            in_flight=self._in_flight,
+            queued=len(self._queue),
+            admitted_total=self._admitted_total,
+            completed_total=self._completed_total,
+            rejected_total=self.rejected_total,
+        )
+
+    async def acquire(self) -> Slot:
+        """Wait for a slot, first come first served.
+
+        Raises QueueFull when the queue is full, QueueTimeout after queue_timeout_s without a
+        slot, AdmissionClosed once `close` has been called. Cancelling the caller while it waits
+        leaves no trace in the queue and holds no slot.
+        """
+        if self._closed:
+            raise self._rejection(
+                AdmissionClosed(f"tenant {self.tenant}: not admitting, shutting down")
+            )
+        if not self._queue and self._in_flight < self._limit:
+            return self._grant(self._clock.monotonic())
+        if len(self._queue) >= self._queue_max_depth:
+            raise self._rejection(
+                QueueFull(f"tenant {self.tenant}: {len(self._queue)} requests already queued")
+            )
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), self._clock.monotonic())
+        waiter.timer = loop.call_later(self._queue_timeout_s, self._expire, waiter)
+        self._queue.append(waiter)
+        try:
+            return await waiter.future
+        except asyncio.CancelledError:
+            self._abandon(waiter)
+            raise
+
+    def resize(self, limit_slots: int) -> None:
+        """Enforce a new limit. Growing admits queued requests in order; shrinking cancels nothing."""
+        if limit_slots < 0:
+            raise ValueError(f"limit_slots must not be negative, got {limit_slots}")
+        self._limit = limit_slots
+        self._admit_waiting()
+
+    def close(self) -> None:
+        """Admit nothing more: queued requests and later arrivals get AdmissionClosed.
+
+        Running requests keep their slots; `wait_idle` tells when they have all finished.
+        """
+        self._closed = True
+        while self._queue:
+            waiter = self._queue.popleft()
+            self._cancel_timer(waiter)
+            if not waiter.future.done():
+                waiter.future.set_exception(
+                    self._rejection(AdmissionClosed(f"tenant {self.tenant}: shutting down"))
+                )
+
+    async def wait_idle(self) -> None:
+        """Return once no request holds a slot."""
+        await self._idle.wait()
+
+    def _grant(self, enqueued_at: float) -> Slot:
+        wait_s = max(0.0, self._clock.monotonic() - enqueued_at)
+        self._in_flight += 1
+        self._admitted_total += 1
+        self._idle.clear()
+        self.queue_wait.observe(wait_s)
+        return Slot(self, wait_s)
+
+    def _on_release(self) -> None:
+        self._in_flight -= 1
+        self._completed_total += 1
+        if self._in_flight == 0:
+            self._idle.set()
+        self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
+        # The slot is counted as in flight the moment it is handed over, not when the waiter runs,
+        # so nothing arriving in between can take it (no barging).
+        while self._queue and self._in_flight < self._limit:
+            waiter = self._queue.popleft()
+            self._cancel_timer(waiter)
+            if waiter.future.done():
+                # Its caller was cancelled and has not cleaned up yet; `_abandon` will.
+                continue
+            waiter.future.set_result(self._grant(waiter.enqueued_at))
+
+    def _expire(self, waiter: _Waiter) -> None:
+        waiter.timer = None
+        if waiter.future.done():
+            return
+        self._remove(waiter)
+        waiter.future.set_exception(
+            self._rejection(
+                QueueTimeout(f"tenant {self.tenant}: no slot within {self._queue_timeout_s:g} s")
+            )
+        )
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        """Clean up after a caller cancelled while it waited (or just after it was admitted)."""
+        self._cancel_timer(waiter)
+        future = waiter.future
+        if not future.done():
+            future.cancel()
+        if future.cancelled():
+            self._remove(waiter)
+            self._abandoned_total += 1
+        elif future.exception() is None:
+            # Granted a slot, then cancelled before it could run: hand the slot on.
+            future.result().release()
+        # Otherwise it timed out or was closed out: already removed and counted.
+
+    def _remove(self, waiter: _Waiter) -> None:
+        # It may already be off the queue: _admit_waiting drops waiters whose caller has gone.
+        with contextlib.suppress(ValueError):
+            self._queue.remove(waiter)
+
+    def _rejection(self, error: AdmissionRejected) -> AdmissionRejected:
+        self._rejected[error.reason] += 1
+        return error
+
+    @staticmethod
+    def _cancel_timer(waiter: _Waiter) -> None:
+        if waiter.timer is not None:
+            waiter.timer.cancel()
+            waiter.timer = None

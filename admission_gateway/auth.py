@@ -1,0 +1,82 @@
+"""Who is calling: the tenant behind an `Authorization: Bearer KEY` header.
+
+The tenant comes from the key alone, never from anything else the client sends. Keys are compared
+in constant time: the presented key and every configured key are hashed to the same length and
+every configured key is compared, whichever matches, so that timing reveals neither a key's length
+nor which key matched. Keys never appear in messages or logs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable
+
+from slotshift.config import PoolConfig
+
+
+class AuthenticationError(Exception):
+    """The request carries no usable API key; the message is safe to show to the client."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+        """Machine-readable cause: missing_api_key, malformed_authorization or invalid_api_key."""
+
+
+class Authenticator:
+    """Maps API keys to tenants."""
+
+    def __init__(self, keys: Iterable[tuple[str, str]]) -> None:
+        """keys: (api key, tenant) pairs. A key given to two tenants is a configuration error."""
+        owners: dict[bytes, str] = {}
+        for key, tenant in keys:
+            if not key:
+                raise ValueError(f"tenant {tenant}: an API key must not be empty")
+            digest = _digest(key)
+            if owners.get(digest, tenant) != tenant:
+                raise ValueError(f"tenants {owners[digest]} and {tenant} share an API key")
+            owners[digest] = tenant
+        self._entries: tuple[tuple[bytes, str], ...] = tuple(owners.items())
+
+    @classmethod
+    def for_pool(cls, pool: PoolConfig) -> Authenticator:
+        """The keys of every tenant of `pool`."""
+        return cls(
+            (key.get_secret_value(), tenant.name)
+            for tenant in pool.tenants
+            for key in tenant.api_keys
+        )
+
+    def tenant_for(self, authorization: str | None) -> str:
+        """The tenant named by an Authorization header's value; AuthenticationError otherwise."""
+        presented = _digest(bearer_token(authorization))
+        matched: str | None = None
+        for digest, tenant in self._entries:
+            # Compare against every key, even after a match, so that the time taken does not
+            # depend on which key matched.
+            if hmac.compare_digest(digest, presented):
+                matched = tenant
+        if matched is None:
+            raise AuthenticationError("Incorrect API key provided.", code="invalid_api_key")
+        return matched
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The token of a `Bearer TOKEN` header value; AuthenticationError if absent or malformed."""
+    if authorization is None or not authorization.strip():
+        raise AuthenticationError(
+            "Missing API key: send it as 'Authorization: Bearer KEY'.", code="missing_api_key"
+        )
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
+        raise AuthenticationError(
+            "Malformed Authorization header: expected 'Bearer KEY'.",
+            code="malformed_authorization",
+        )
+    return token
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()

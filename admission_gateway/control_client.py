@@ -1,0 +1,257 @@
+"""The gateway's end of `GatewayService.Connect`: limits come in, demand and acks go out.
+
+Protocol (proto/slotshift/v1/gateway.proto):
+- on every (re)connection the first message is a GatewayHello with the version in force (0 on the
+  fallback split) and each tenant's limit and usage, so that a restarted control plane rebuilds
+  its view of the pool before it grants anything;
+- then a DemandReport every report_interval_s;
+- on an AllocationUpdate newer than the applied version, every tenant is resized first and the
+  AllocationAck (version and usage at that moment) is sent right after. The control plane counts
+  on "once acked, this gateway admits at most limit_slots" to keep the pool within its budget, so
+  the ack never precedes the resize. Updates not newer than the applied version are ignored.
+
+While the stream is down the gateway keeps enforcing the last applied limits (fail-static) and
+reconnects with exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+import grpc
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from admission_gateway.gateway_state import GatewayState, TenantDemand, TenantLimit
+from admission_gateway.latency_window import LatencyPercentiles
+from slotshift.aiotasks import Supervisor
+from slotshift.clock import Clock
+from slotshift.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+_Call = grpc.aio.StreamStreamCall[gateway_pb2.GatewayMessage, gateway_pb2.ControlMessage]
+
+# How a dead stream shows itself: an RPC error, or (writing to a call the server has already
+# finished) InvalidStateError.
+_STREAM_GONE = (grpc.aio.AioRpcError, asyncio.InvalidStateError)
+
+
+class ControlClient:
+    """Keeps one gateway's stream to the control plane up and applies what it pushes."""
+
+    def __init__(
+        self,
+        state: GatewayState,
+        *,
+        target: str,
+        gateway_id: str,
+        report_interval_s: float,
+        reconnect_initial_s: float,
+        reconnect_max_s: float,
+        clock: Clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._state = state
+        self._target = target
+        self._gateway_id = gateway_id
+        self._report_interval_s = report_interval_s
+        self._reconnect_initial_s = reconnect_initial_s
+        self._reconnect_max_s = max(reconnect_max_s, reconnect_initial_s)
+        self._clock = clock
+        self._rng = rng if rng is not None else random.Random()
+        self.attempts = 0
+        """Connection attempts so far, successful or not."""
+        self.sessions_started = 0
+        """Streams opened so far (a hello was sent on each)."""
+        # None until the first attempt, so that a control plane unreachable from the start is
+        # logged once too.
+        self._logged_connected: bool | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._state.controlplane_connected
+
+    async def run(self) -> None:
+        """Connect, and reconnect whenever the stream ends, until cancelled."""
+        backoff_ms = int(self._reconnect_initial_s * 1000)
+        options = [
+            # The channel's own reconnection backoff would otherwise grow to minutes and keep a
+            # restarted control plane unreachable long after our own backoff has expired.
+            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", int(self._reconnect_max_s * 1000)),
+        ]
+        channel = grpc.aio.insecure_channel(self._target, options=options)
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+        delay_s = self._reconnect_initial_s
+        try:
+            while True:
+                if await self._session(stub):
+                    delay_s = self._reconnect_initial_s
+                # Jitter spreads the reconnections of many gateways after a control-plane restart.
+                await asyncio.sleep(delay_s * self._rng.uniform(0.5, 1.0))
+                delay_s = min(self._reconnect_max_s, delay_s * 2)
+        finally:
+            if self._state.controlplane_connected:
+                logger.info("closing the stream to the control plane at %s", self._target)
+            self._state.controlplane_connected = False
+            await channel.close(None)
+
+    async def _session(self, stub: gateway_pb2_grpc.GatewayServiceAsyncStub) -> bool:
+        """One stream, from hello to its end; True if it was established."""
+        # None: messages are written with call.write, not drawn from an iterator.
+        call: _Call = stub.Connect(None)
+        self.attempts += 1
+        writes = asyncio.Lock()
+        tasks = Supervisor("control-stream")
+        established = False
+        try:
+            await self._write(call, writes, gateway_pb2.GatewayMessage(hello=self._hello()))
+            established = True
+            self.sessions_started += 1
+            self._set_connected(True, "")
+            tasks.spawn("demand-reports", self._report_periodically(call, writes), forever=False)
+            async for message in call:
+                if message.HasField("allocation"):
+                    await self._on_allocation(call, writes, message.allocation)
+            self._set_connected(False, "the control plane ended the stream")
+        except grpc.aio.AioRpcError as exc:
+            self._set_connected(False, f"{exc.code().name}: {exc.details()}")
+        except asyncio.InvalidStateError:
+            self._set_connected(False, "the control plane ended the stream")
+        finally:
+            await tasks.stop()
+            call.cancel()
+        return established
+
+    async def _on_allocation(
+        self, call: _Call, writes: asyncio.Lock, update: gateway_pb2.AllocationUpdate
+    ) -> None:
+        if update.pool != self._state.pool_name or update.gateway_id != self._gateway_id:
+            logger.warning(
+                "ignoring allocation %d addressed to gateway %r of pool %r",
+                update.version,
+                update.gateway_id,
+                update.pool,
+            )
+            return
+        limits = [
+            TenantLimit(t.tenant, target_slots=t.target_slots, limit_slots=t.limit_slots)
+            for t in update.tenants
+        ]
+        if not self._state.apply_allocation(update.version, limits):
+            logger.debug(
+                "ignoring allocation %d: version %d is already applied",
+                update.version,
+                self._state.applied_version,
+            )
+            return
+        # The ack is built right after the resize, with nothing awaited in between, so the usage
+        # it carries is the usage under the new limits.
+        ack = gateway_pb2.AllocationAck(
+            pool=self._state.pool_name,
+            gateway_id=self._gateway_id,
+            version=update.version,
+            tenants=_tenant_demands(self._state.demand()),
+        )
+        logger.info(
+            "applied allocation %d: %s",
+            update.version,
+            ", ".join(f"{t.name}={t.admission.limit_slots}" for t in self._state.tenants.values()),
+        )
+        await self._write(call, writes, gateway_pb2.GatewayMessage(ack=ack))
+
+    async def _report_periodically(self, call: _Call, writes: asyncio.Lock) -> None:
+        try:
+            while True:
+                await asyncio.sleep(self._report_interval_s)
+                report = gateway_pb2.DemandReport(
+                    pool=self._state.pool_name,
+                    gateway_id=self._gateway_id,
+                    applied_version=self._state.applied_version,
+                    observed_at=_timestamp(self._clock.wall()),
+                    tenants=_tenant_demands(self._state.demand()),
+                )
+                await self._write(call, writes, gateway_pb2.GatewayMessage(demand=report))
+        except _STREAM_GONE:
+            # The stream is gone; the reader sees it too and ends the session.
+            return
+
+    def _hello(self) -> gateway_pb2.GatewayHello:
+        return gateway_pb2.GatewayHello(
+            pool=self._state.pool_name,
+            gateway_id=self._gateway_id,
+            applied_version=self._state.applied_version,
+            tenants=_tenant_demands(self._state.demand()),
+        )
+
+    @staticmethod
+    async def _write(
+        call: _Call, writes: asyncio.Lock, message: gateway_pb2.GatewayMessage
+    ) -> None:
+        # grpc.aio allows one write in flight per call; acks and reports come from two tasks.
+        async with writes:
+            await call.write(message)
+
+    def _set_connected(self, connected: bool, why: str) -> None:
+        self._state.controlplane_connected = connected
+        if connected == self._logged_connected:
+            return
+        never_connected = self._logged_connected is None
+        self._logged_connected = connected
+        if connected:
+            logger.info(
+                "connected to the control plane at %s as gateway %s (applied version %d)",
+                self._target,
+                self._gateway_id,
+                self._state.applied_version,
+            )
+        elif never_connected:
+            logger.warning(
+                "cannot reach the control plane at %s (%s); enforcing the fallback split and "
+                "retrying",
+                self._target,
+                why,
+            )
+        else:
+            logger.warning(
+                "lost the control plane at %s (%s); enforcing allocation %d until it is back",
+                self._target,
+                why,
+                self._state.applied_version,
+            )
+
+
+def _tenant_demands(demands: list[TenantDemand]) -> list[common_pb2.TenantDemand]:
+    return [
+        common_pb2.TenantDemand(
+            tenant=d.usage.tenant,
+            in_flight=d.usage.in_flight,
+            queued=d.usage.queued,
+            admitted_total=d.usage.admitted_total,
+            completed_total=d.usage.completed_total,
+            rejected_total=d.usage.rejected_total,
+            limit_slots=d.usage.limit_slots,
+            ttft=_summary(d.ttft),
+            e2e=_summary(d.e2e),
+            queue_wait=_summary(d.queue_wait),
+        )
+        for d in demands
+    ]
+
+
+def _summary(percentiles: LatencyPercentiles) -> common_pb2.LatencySummary:
+    return common_pb2.LatencySummary(
+        count=percentiles.count,
+        p50_ms=percentiles.p50_s * 1000,
+        p90_ms=percentiles.p90_s * 1000,
+        p99_ms=percentiles.p99_s * 1000,
+    )
+
+
+def _timestamp(wall_s: float) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromNanoseconds(round(wall_s * 1e9))
+    return stamp

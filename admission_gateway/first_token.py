@@ -1,0 +1,68 @@
+"""Spotting the first generated token in an OpenAI-style server-sent event stream.
+
+Time to first token is measured at the first event that carries generated content: vLLM's
+chat streams open with an event that carries only the assistant role, which is no token yet.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class FirstTokenDetector:
+    """Fed the stream's bytes as they pass, it says when the first content event has gone by.
+
+    Once it has, it stops looking, so the rest of the stream costs nothing.
+    """
+
+    def __init__(self, max_line_bytes: int = 1 << 20) -> None:
+        self._buffer = bytearray()
+        self._max_line_bytes = max_line_bytes
+        self.found = False
+        """Whether an event with generated content has been seen."""
+
+    def feed(self, chunk: bytes) -> bool:
+        """Consume the next bytes; True once the first content event is complete."""
+        if self.found:
+            return True
+        self._buffer += chunk
+        while True:
+            end = self._buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self._buffer[:end]).rstrip(b"\r")
+            del self._buffer[: end + 1]
+            if line.startswith(b"data:") and _carries_content(line[5:].strip()):
+                self.found = True
+                self._buffer.clear()
+                return True
+        if len(self._buffer) > self._max_line_bytes:
+            # No sane event is this long; stop holding memory for it.
+            self._buffer.clear()
+        return False
+
+
+def _carries_content(data: bytes) -> bool:
+    if not data or data == b"[DONE]":
+        return False
+    try:
+        event: Any = json.loads(data)
+    except ValueError:
+        return False
+    if not isinstance(event, dict):
+        return False
+    choices = event.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
+        ):
+            return True
+    return False

@@ -1,0 +1,209 @@
+"""One admission gateway in-process: HTTP server, shared upstream session, control stream.
+
+Tests start it on port 0 and read its state; `main.run` starts it for the CLI.
+
+Shutdown, in order: /ready turns 503 and new requests get 503 (the listener stays open meanwhile,
+so load balancers see "not ready" rather than refused connections); queued requests get 503;
+running requests get up to drain_timeout_s to finish; then the HTTP server closes, the control
+stream closes (it reports the draining gateway's usage until then) and the upstream session is
+closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import socket
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from admission_gateway.admission import TenantAdmission
+from admission_gateway.auth import Authenticator
+from admission_gateway.control_client import ControlClient
+from admission_gateway.errors import openai_errors
+from admission_gateway.gateway_state import GatewayState
+from admission_gateway.metrics import GatewayMetrics
+from admission_gateway.proxy import OpenAIProxy
+from slotshift.aiotasks import Supervisor
+from slotshift.clock import Clock, SystemClock
+from slotshift.config import ConfigError, SlotshiftConfig
+
+logger = logging.getLogger(__name__)
+
+# Once the drain is over, what is left are responses finishing their last write (the slot is
+# released just before) and slot-less requests; aiohttp gives them this long twice (to finish, then
+# to unwind after cancellation) before it drops their connections.
+_SERVER_SHUTDOWN_TIMEOUT_S = 0.25
+
+
+class AdmissionGateway:
+    """An admission gateway for the pool named in `config.gateway.pool`."""
+
+    def __init__(
+        self,
+        config: SlotshiftConfig,
+        *,
+        gateway_id: str | None = None,
+        port: int | None = None,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._settings = config.gateway
+        try:
+            self._pool = config.pool(self._settings.pool)
+        except KeyError:
+            raise ConfigError(f"gateway.pool: no pool named {self._settings.pool!r}") from None
+        self._clock = clock if clock is not None else SystemClock()
+        self._rng = rng
+        self._requested_port = self._settings.port if port is None else port
+        self._requested_gateway_id = gateway_id
+        self.state = GatewayState(self._pool, self._settings, self._clock)
+        """Per-tenant admission, limits and the allocation version in force."""
+        self.metrics = GatewayMetrics(self.state)
+        self._authenticator = Authenticator.for_pool(self._pool)
+        self._tasks = Supervisor("admission-gateway")
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._proxy: OpenAIProxy | None = None
+        self._port: int | None = None
+        self._gateway_id: str | None = None
+        self.control_client: ControlClient | None = None
+        """The stream to the control plane (set by start)."""
+        self._stopped = False
+
+    @property
+    def port(self) -> int:
+        """The port the HTTP server listens on (known once started)."""
+        if self._port is None:
+            raise RuntimeError("the gateway has not started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        """Base URL of the gateway, e.g. http://127.0.0.1:8080 (the OpenAI API is under /v1)."""
+        return f"http://{self._settings.host}:{self.port}"
+
+    @property
+    def gateway_id(self) -> str:
+        """This gateway's name towards the control plane (default: host name and port)."""
+        if self._gateway_id is None:
+            raise RuntimeError("the gateway has not started")
+        return self._gateway_id
+
+    @property
+    def ready(self) -> bool:
+        """True while serving; False once draining."""
+        return self._proxy is not None and self._proxy.accepting
+
+    def admission(self, tenant: str) -> TenantAdmission:
+        """The admission of `tenant` at this gateway."""
+        return self.state.tenants[tenant].admission
+
+    async def start(self) -> None:
+        """Bind the HTTP server, open the upstream session and start the control stream."""
+        self._session = aiohttp.ClientSession(
+            # The admission limits are the concurrency limit; aiohttp's default cap of 100
+            # connections would silently queue requests the gateway has already admitted.
+            connector=aiohttp.TCPConnector(limit=0),
+            # Bodies pass through as the engine encoded them, and only the client's own headers
+            # (not aiohttp's defaults) reach the engine.
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        )
+        self._proxy = OpenAIProxy(
+            state=self.state,
+            authenticator=self._authenticator,
+            session=self._session,
+            engine_url=self._pool.engine_url,
+            upstream_timeout_s=self._settings.upstream_timeout_s,
+            max_body_bytes=self._settings.max_body_bytes,
+            retry_after_s=self._settings.retry_after_s,
+            metrics=self.metrics,
+            clock=self._clock,
+        )
+        app = web.Application(middlewares=[openai_errors])
+        app.add_routes(self._proxy.routes())
+        app.add_routes(
+            [
+                web.get("/health", self._health),
+                web.get("/ready", self._ready),
+                web.get("/metrics", self._metrics),
+            ]
+        )
+        # handler_cancellation: a client that disconnects cancels its handler, which aborts the
+        # upstream request and releases the slot at once.
+        self._runner = web.AppRunner(
+            app,
+            handler_cancellation=True,
+            shutdown_timeout=_SERVER_SHUTDOWN_TIMEOUT_S,
+            access_log=None,
+        )
+        try:
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self._settings.host, self._requested_port)
+            await site.start()
+        except BaseException:
+            # e.g. the port is taken: leave nothing open behind.
+            await self._runner.cleanup()
+            await self._session.close()
+            raise
+        self._port = _bound_port(self._runner)
+        self._gateway_id = self._requested_gateway_id or f"{socket.gethostname()}:{self._port}"
+        self.control_client = ControlClient(
+            self.state,
+            target=self._settings.controlplane_target,
+            gateway_id=self._gateway_id,
+            report_interval_s=self._settings.report_interval_s,
+            reconnect_initial_s=self._settings.reconnect_initial_s,
+            reconnect_max_s=self._settings.reconnect_max_s,
+            clock=self._clock,
+            rng=self._rng,
+        )
+        self._tasks.spawn("control-stream", self.control_client.run())
+
+    async def stop(self) -> None:
+        """Drain and shut down (see the module docstring for the order); safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._proxy is not None:
+            self._proxy.accepting = False
+        self.state.close()
+        try:
+            async with asyncio.timeout(self._settings.drain_timeout_s):
+                await self.state.wait_idle()
+        except TimeoutError:
+            running = sum(t.admission.in_flight for t in self.state.tenants.values())
+            logger.warning(
+                "%d requests still running after %.1f s of draining; cutting them off",
+                running,
+                self._settings.drain_timeout_s,
+            )
+        if self._runner is not None:
+            await self._runner.cleanup()
+        await self._tasks.stop()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        if self.ready:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "draining"}, status=503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    addresses: list[Any] = runner.addresses
+    port: int = addresses[0][1]
+    return port

@@ -1,0 +1,163 @@
+"""What one gateway enforces and observes: per-tenant admission, limits, allocation version.
+
+The HTTP side admits through it, the control stream applies allocations to it and reports from
+it, /metrics reads it. It holds no I/O and speaks no protocol: the control client turns protobuf
+messages into `TenantLimit`s and `TenantDemand`s into protobuf.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from admission_gateway.admission import TenantAdmission, TenantUsage
+from admission_gateway.latency_window import LatencyPercentiles, LatencyWindow
+from slotshift.apportion import nominal_shares
+from slotshift.clock import Clock
+from slotshift.config import GatewayConfig, PoolConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class TenantLimit:
+    """One tenant's limits at this gateway, as an allocation update carries them."""
+
+    tenant: str
+    target_slots: int
+    """This gateway's part of the tenant's pool-wide limit."""
+    limit_slots: int
+    """What the gateway may admit now (at most target_slots)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDemand:
+    """One tenant's usage and recent latencies at one moment."""
+
+    usage: TenantUsage
+    ttft: LatencyPercentiles
+    e2e: LatencyPercentiles
+    queue_wait: LatencyPercentiles
+
+
+class TenantState:
+    """One tenant at this gateway: its admission, its target and its recent latencies."""
+
+    def __init__(
+        self,
+        name: str,
+        admission: TenantAdmission,
+        *,
+        target_slots: int,
+        new_window: Callable[[], LatencyWindow],
+    ) -> None:
+        self.name = name
+        self.admission = admission
+        self.target_slots = target_slots
+        """This gateway's part of the tenant's pool-wide limit (shown in metrics)."""
+        self.ttft = new_window()
+        """Time to first token of recent streamed requests, from arrival at the gateway."""
+        self.e2e = new_window()
+        """End-to-end latency of recent successful requests, from arrival at the gateway."""
+
+    def demand(self) -> TenantDemand:
+        return TenantDemand(
+            usage=self.admission.usage(),
+            ttft=self.ttft.percentiles(),
+            e2e=self.e2e.percentiles(),
+            queue_wait=self.admission.queue_wait.percentiles(),
+        )
+
+
+def fallback_limits(pool: PoolConfig, replicas: int) -> dict[str, int]:
+    """The static split a gateway enforces before it first hears from the control plane.
+
+    Each tenant's nominal share divided by the replicas assumed, rounded down, so that that many
+    gateways together stay within the pool's budget.
+    """
+    return {tenant: share // replicas for tenant, share in nominal_shares(pool).items()}
+
+
+class GatewayState:
+    """The tenants of one pool at one gateway, and the allocation version in force."""
+
+    def __init__(self, pool: PoolConfig, gateway: GatewayConfig, clock: Clock) -> None:
+        self.pool_name = pool.name
+        limits = fallback_limits(pool, gateway.fallback_replicas)
+
+        def new_window() -> LatencyWindow:
+            return LatencyWindow(
+                clock,
+                max_samples=gateway.latency_window_samples,
+                max_age_s=gateway.latency_window_s,
+            )
+
+        self._tenants: dict[str, TenantState] = {
+            name: TenantState(
+                name,
+                TenantAdmission(
+                    name,
+                    limit,
+                    queue_max_depth=gateway.queue_max_depth,
+                    queue_timeout_s=gateway.queue_timeout_s,
+                    clock=clock,
+                    queue_wait_window=new_window(),
+                ),
+                target_slots=limit,
+                new_window=new_window,
+            )
+            for name, limit in limits.items()
+        }
+        self._applied_version = 0
+        self.controlplane_connected = False
+        """Whether the control stream is up now (set by the control client)."""
+
+    @property
+    def tenants(self) -> Mapping[str, TenantState]:
+        return self._tenants
+
+    @property
+    def applied_version(self) -> int:
+        """The allocation version enforced now; 0 while on the fallback split."""
+        return self._applied_version
+
+    def apply_allocation(self, version: int, limits: Iterable[TenantLimit]) -> bool:
+        """Enforce the limits of allocation `version`; False (and no change) if it is not newer.
+
+        A tenant the allocation does not name gets 0 slots: the control plane gave its share to
+        others. Limits for tenants this gateway does not know are ignored with a warning.
+        """
+        if version <= self._applied_version:
+            return False
+        by_tenant: dict[str, TenantLimit] = {}
+        for limit in limits:
+            if limit.tenant not in self._tenants:
+                logger.warning(
+                    "allocation %d names tenant %r, unknown to pool %s; ignored",
+                    version,
+                    limit.tenant,
+                    self.pool_name,
+                )
+                continue
+            by_tenant[limit.tenant] = limit
+        for name, tenant in self._tenants.items():
+            limit = by_tenant.get(name, TenantLimit(name, target_slots=0, limit_slots=0))
+            tenant.admission.resize(max(0, limit.limit_slots))
+            tenant.target_slots = max(0, limit.target_slots)
+        self._applied_version = version
+        return True
+
+    def demand(self) -> list[TenantDemand]:
+        """Every tenant's demand now, in configuration order."""
+        return [tenant.demand() for tenant in self._tenants.values()]
+
+    def close(self) -> None:
+        """Admit nothing more; queued requests are turned away."""
+        for tenant in self._tenants.values():
+            tenant.admission.close()
+
+    async def wait_idle(self) -> None:
+        """Return once no tenant has a request running."""
+        for tenant in self._tenants.values():
+            await tenant.admission.wait_idle()

@@ -1,0 +1,144 @@
+"""The gateway's Prometheus metrics, in a registry of its own (one per gateway instance).
+
+Gauges and counters of admission state are read from GatewayState when scraped, so there is one
+source of truth and nothing to keep in step; latency histograms are observed as requests pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from admission_gateway.admission import REJECTION_REASONS
+from admission_gateway.gateway_state import GatewayState
+
+_LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    """The metrics of one gateway; `exposition()` is what /metrics serves."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["pool", "tenant"]
+        self._pool = state.pool_name
+        self.queue_wait = Histogram(
+            "slotshift_gateway_queue_wait_seconds",
+            "Time admitted requests waited in the gateway's queue for a slot.",
+            labels,
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            "slotshift_gateway_time_to_first_token_seconds",
+            "From arrival at the gateway to the first streamed chunk carrying generated content.",
+            labels,
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.e2e_latency = Histogram(
+            "slotshift_gateway_e2e_request_latency_seconds",
+            "From arrival at the gateway to the last byte of a successful response.",
+            labels,
+            buckets=_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.registry.register(_StateCollector(state))
+
+    def observe_queue_wait(self, tenant: str, seconds: float) -> None:
+        self.queue_wait.labels(self._pool, tenant).observe(seconds)
+
+    def observe_time_to_first_token(self, tenant: str, seconds: float) -> None:
+        self.time_to_first_token.labels(self._pool, tenant).observe(seconds)
+
+    def observe_e2e_latency(self, tenant: str, seconds: float) -> None:
+        self.e2e_latency.labels(self._pool, tenant).observe(seconds)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    """Reads limits, usage and counters from the gateway state at scrape time."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterable[Metric]:
+        pool = self._state.pool_name
+        labels = ["pool", "tenant"]
+        limit = GaugeMetricFamily(
+            "slotshift_gateway_tenant_limit_slots",
+            "Requests the tenant may have admitted at once at this gateway now.",
+            labels=labels,
+        )
+        target = GaugeMetricFamily(
+            "slotshift_gateway_tenant_target_slots",
+            "This gateway's part of the tenant's pool-wide limit.",
+            labels=labels,
+        )
+        in_flight = GaugeMetricFamily(
+            "slotshift_gateway_tenant_in_flight",
+            "Requests admitted and not finished.",
+            labels=labels,
+        )
+        queued = GaugeMetricFamily(
+            "slotshift_gateway_tenant_queued", "Requests waiting for a slot.", labels=labels
+        )
+        admitted = CounterMetricFamily(
+            "slotshift_gateway_admitted", "Requests admitted.", labels=labels
+        )
+        completed = CounterMetricFamily(
+            "slotshift_gateway_completed",
+            "Admitted requests that have finished, whatever their outcome.",
+            labels=labels,
+        )
+        rejected = CounterMetricFamily(
+            "slotshift_gateway_rejected",
+            "Requests turned away before admission, by reason.",
+            labels=[*labels, "reason"],
+        )
+        abandoned = CounterMetricFamily(
+            "slotshift_gateway_abandoned",
+            "Queued requests whose client went away before they were admitted.",
+            labels=labels,
+        )
+        for name, tenant in self._state.tenants.items():
+            admission = tenant.admission
+            limit.add_metric([pool, name], admission.limit_slots)
+            target.add_metric([pool, name], tenant.target_slots)
+            in_flight.add_metric([pool, name], admission.in_flight)
+            queued.add_metric([pool, name], admission.queued)
+            admitted.add_metric([pool, name], admission.admitted_total)
+            completed.add_metric([pool, name], admission.completed_total)
+            abandoned.add_metric([pool, name], admission.abandoned_total)
+            by_reason = admission.rejected_by_reason
+            for reason in REJECTION_REASONS:
+                rejected.add_metric([pool, name, reason], by_reason[reason])
+        version = GaugeMetricFamily(
+            "slotshift_gateway_allocation_version",
+            "Allocation version enforced (0: the static fallback split).",
+            labels=["pool"],
+        )
+        version.add_metric([pool], self._state.applied_version)
+        connected = GaugeMetricFamily(
+            "slotshift_gateway_controlplane_connected",
+            "1 while the stream to the control plane is up.",
+            labels=["pool"],
+        )
+        connected.add_metric([pool], 1 if self._state.controlplane_connected else 0)
+        yield from (
+            limit,
+            target,
+            in_flight,
+            queued,
+            admitted,
+            completed,
+            rejected,
+            abandoned,
+            version,
+            connected,
+        )

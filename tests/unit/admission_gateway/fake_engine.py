@@ -1,0 +1,147 @@
+"""A small OpenAI-like upstream for the gateway tests (not the emulator: just enough to probe).
+
+It answers /v1/completions, /v1/chat/completions (streamed or not) and /v1/models, counts the
+requests it holds at once per tenant (tests name the tenant in the body's `user` field), records
+the headers it receives, and can be told to fail in the ways an engine fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+
+Behaviour = Literal["ok", "hang", "reset", "status", "reset_mid_stream"]
+
+CONTENT_PIECES = ("Hello", ", ", "world")
+
+
+@dataclass
+class FakeEngine:
+    """Set `behaviour` (and `gate`) before a request to choose what it gets."""
+
+    behaviour: Behaviour = "ok"
+    error_status: int = 404
+    gate: asyncio.Event | None = None
+    """When set to an Event, requests wait for it (streams after their first chunk)."""
+    in_flight: Counter[str] = field(default_factory=Counter)
+    peak_in_flight: Counter[str] = field(default_factory=Counter)
+    served: Counter[str] = field(default_factory=Counter)
+    aborted: int = 0
+    """Requests whose client (the gateway) went away before they were answered."""
+    headers_seen: list[dict[str, str]] = field(default_factory=list)
+    port: int = 0
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.add_routes(
+            [
+                web.post("/v1/completions", self._generate),
+                web.post("/v1/chat/completions", self._generate),
+                web.get("/v1/models", self._models),
+            ]
+        )
+        # handler_cancellation, like vLLM: a dropped connection aborts the request.
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _models(self, request: web.Request) -> web.StreamResponse:
+        self.headers_seen.append(dict(request.headers))
+        return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def _generate(self, request: web.Request) -> web.StreamResponse:
+        self.headers_seen.append(dict(request.headers))
+        body = await request.json()
+        tenant = str(body.get("user", ""))
+        self.in_flight[tenant] += 1
+        self.peak_in_flight[tenant] = max(self.peak_in_flight[tenant], self.in_flight[tenant])
+        try:
+            response = await self._answer(request, body)
+            self.served[tenant] += 1
+            return response
+        except asyncio.CancelledError:
+            self.aborted += 1
+            raise
+        finally:
+            self.in_flight[tenant] -= 1
+
+    async def _answer(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        chat = request.path.endswith("/chat/completions")
+        if self.behaviour == "hang":
+            await asyncio.Event().wait()
+        if self.behaviour == "reset":
+            assert request.transport is not None
+            request.transport.close()
+            await asyncio.Event().wait()
+        if self.behaviour == "status":
+            error = {"message": "The model `x` does not exist.", "type": "NotFoundError"}
+            return web.json_response(
+                {"object": "error", **error, "param": None, "code": self.error_status},
+                status=self.error_status,
+            )
+        if body.get("stream"):
+            return await self._stream(request, chat)
+        if self.gate is not None:
+            await self.gate.wait()
+        text = "".join(CONTENT_PIECES)
+        choice: dict[str, Any] = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            if chat
+            else {"index": 0, "text": text, "finish_reason": "stop"}
+        )
+        return web.json_response(
+            {
+                "id": "cmpl-1",
+                "object": "chat.completion" if chat else "text_completion",
+                "created": 1,
+                "model": body.get("model", "fake"),
+                "choices": [choice],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
+            }
+        )
+
+    async def _stream(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        events: list[dict[str, Any]] = []
+        if chat:
+            events.append(_chunk(chat, {"role": "assistant", "content": ""}))
+        events.extend(_chunk(chat, piece) for piece in CONTENT_PIECES)
+        for index, event in enumerate(events):
+            await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            if index == 0 and self.gate is not None:
+                await self.gate.wait()
+            if index == 0 and self.behaviour == "reset_mid_stream":
+                assert request.transport is not None
+                request.transport.close()
+                return response
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _chunk(chat: bool, delta: dict[str, str] | str) -> dict[str, Any]:
+    if chat:
+        content = delta if isinstance(delta, dict) else {"content": delta}
+        choice: dict[str, Any] = {"index": 0, "delta": content, "finish_reason": None}
+        kind = "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": delta, "finish_reason": None}
+        kind = "text_completion"
+    return {"id": "cmpl-1", "object": kind, "created": 1, "model": "fake", "choices": [choice]}

@@ -1,0 +1,78 @@
+"""The tenant comes from the API key alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from admission_gateway.auth import AuthenticationError, Authenticator, bearer_token
+from slotshift.config import PoolConfig
+
+AUTHENTICATOR = Authenticator([("key-a", "A"), ("key-a2", "A"), ("key-b", "B")])
+
+
+@pytest.mark.parametrize(
+    ("header", "tenant"),
+    [
+        pytest.param("Bearer key-a", "A", id="first-key"),
+        pytest.param("Bearer key-a2", "A", id="second-key-same-tenant"),
+        pytest.param("Bearer key-b", "B", id="other-tenant"),
+        pytest.param("bearer key-b", "B", id="scheme-case-insensitive"),
+        pytest.param("  Bearer   key-b  ", "B", id="extra-spaces"),
+    ],
+)
+def test_a_known_key_names_its_tenant(header: str, tenant: str) -> None:
+    assert AUTHENTICATOR.tenant_for(header) == tenant
+
+
+@pytest.mark.parametrize(
+    ("header", "code"),
+    [
+        pytest.param(None, "missing_api_key", id="missing"),
+        pytest.param("", "missing_api_key", id="empty"),
+        pytest.param("Bearer key-c", "invalid_api_key", id="unknown"),
+        pytest.param("Bearer key-a-and-more", "invalid_api_key", id="prefix-of-known"),
+        pytest.param("Bearer KEY-A", "invalid_api_key", id="case-matters"),
+        pytest.param("Basic a2V5LWE=", "malformed_authorization", id="other-scheme"),
+        pytest.param("Bearer", "malformed_authorization", id="no-token"),
+        pytest.param("Bearer key-a key-b", "malformed_authorization", id="two-tokens"),
+        pytest.param("key-a", "malformed_authorization", id="no-scheme"),
+    ],
+)
+def test_anything_else_is_refused_without_revealing_keys(header: str | None, code: str) -> None:
+    with pytest.raises(AuthenticationError) as caught:
+        AUTHENTICATOR.tenant_for(header)
+    assert caught.value.code == code
+    assert "key-" not in str(caught.value)
+
+
+def test_one_key_for_two_tenants_is_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match="share an API key"):
+        Authenticator([("same", "A"), ("same", "B")])
+
+
+def test_empty_keys_are_refused() -> None:
+    with pytest.raises(ValueError, match="must not be empty"):
+        Authenticator([("", "A")])
+
+
+def test_keys_come_from_the_pool_configuration() -> None:
+    pool = PoolConfig.model_validate(
+        {
+            "name": "p",
+            "budget_slots": 4,
+            "tenants": [
+                {"name": "A", "api_keys": ["ka1", "ka2"]},
+                {"name": "B", "api_keys": ["kb"]},
+            ],
+        }
+    )
+    authenticator = Authenticator.for_pool(pool)
+    assert [authenticator.tenant_for(f"Bearer {k}") for k in ("ka1", "ka2", "kb")] == [
+        "A",
+        "A",
+        "B",
+    ]
+
+
+def test_bearer_token_extracts_the_token() -> None:
+    assert bearer_token("Bearer abc.def") == "abc.def"
