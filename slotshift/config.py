@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-PolicyName = Literal["static", "demand"]
+PolicyName = Literal["static", "demand", "slo"]
 """The allocation policies the control plane knows (see controlplane/core/policies.py)."""
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
@@ -58,6 +58,21 @@ class TenantConfig(_Model):
     """The tenant's share of the budget relative to the other tenants (its nominal share), and how
     strongly its demand counts when the demand policy divides contended slots."""
 
+    lendable_percent: Annotated[float, Field(ge=0, le=100)] = 100.0
+    """slo policy: the part of the tenant's nominal share that may be lent to others while it does
+    not use it, in percent (Kubernetes APF's lendablePercent); the rest is a reserve never lent
+    (Kueue's lendingLimit counted from the other side)."""
+
+    borrowing_limit_percent: Annotated[float, Field(ge=0)] | None = None
+    """slo policy: most the tenant may borrow above its nominal share, in percent of that share
+    (APF's borrowingLimitPercent); unset means up to its ceiling."""
+
+    ttft_slo_ms: Annotated[float, Field(gt=0)] | None = None
+    """Target p99 time to first token, measured at the gateway from arrival (queueing included)."""
+
+    e2e_slo_ms: Annotated[float, Field(gt=0)] | None = None
+    """Target p99 end-to-end latency, measured at the gateway from arrival."""
+
     @model_validator(mode="after")
     def _floor_within_ceiling(self) -> TenantConfig:
         if self.ceiling_slots is not None and self.floor_slots > self.ceiling_slots:
@@ -65,6 +80,30 @@ class TenantConfig(_Model):
                 f"floor_slots ({self.floor_slots}) is above ceiling_slots ({self.ceiling_slots})"
             )
         return self
+
+
+class SloPolicyConfig(_Model):
+    """How the slo policy trades throughput against latency (controlplane/core/slo_policy.py)."""
+
+    demand_half_life_s: PositiveSeconds = 2.0
+    """How fast the policy forgets a tenant's past demand: rising demand counts at once, falling
+    demand decays with this half-life, so that a bursty tenant's slots are lent out gradually."""
+
+    hysteresis_slots: Annotated[int, Field(ge=0)] = 1
+    """Changes of at most this many slots per tenant are not made (unless a tenant is owed its
+    share back): the limits do not flap with noise in the demand."""
+
+    max_borrow_step_slots: Annotated[int, Field(ge=1)] = 24
+    """Most a tenant's limit may grow above its nominal share in one decision. Giving back is not
+    limited: a tenant below its nominal share gets what it asks for at once."""
+
+    slo_boost: Annotated[float, Field(ge=0)] = 2.0
+    """How strongly a tenant whose p99 latency is over its SLO is favoured: its claim is multiplied
+    by 1 + slo_boost x (p99 / SLO - 1)."""
+
+    kv_saturation_perc: Annotated[float, Field(gt=0, le=1)] = 0.95
+    """KV-cache usage at or above which the engine counts as saturated: more borrowing would only
+    add waiting, so borrowers do not grow further (the cost term)."""
 
 
 class PoolConfig(_Model):
@@ -89,6 +128,9 @@ class PoolConfig(_Model):
 
     tenants: list[TenantConfig]
     """The tenants sharing the budget."""
+
+    slo_policy: SloPolicyConfig = SloPolicyConfig()
+    """Settings of the slo policy (used when `policy` is slo)."""
 
     def ceiling_of(self, tenant: TenantConfig) -> int:
         """The tenant's effective ceiling: its own, or the whole budget."""

@@ -6,11 +6,13 @@ from collections.abc import Callable
 
 from controlplane.core.demand_policy import DemandPolicy
 from controlplane.core.policy import AllocationPolicy
+from controlplane.core.slo_policy import SloPolicy
 from controlplane.core.static_policy import StaticPolicy
 
 POLICY_FACTORIES: dict[str, Callable[[], AllocationPolicy]] = {
     "static": StaticPolicy,
     "demand": DemandPolicy,
+    "slo": SloPolicy,
 }
 
 

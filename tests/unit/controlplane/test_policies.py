@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from controlplane.core.demand_policy import DemandPolicy
 from controlplane.core.policies import POLICY_FACTORIES, make_policy
-from controlplane.core.snapshot import PoolSnapshot, TenantLoad
+from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
 from controlplane.core.validation import InvalidAllocation, validate_limits
-from slotshift.config import PoolConfig, TenantConfig
+from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
 
 
 def _pool(rng: random.Random) -> PoolConfig:
@@ -30,23 +30,57 @@ def _pool(rng: random.Random) -> PoolConfig:
                 floor_slots=floor,
                 ceiling_slots=ceiling,
                 weight=rng.uniform(0.1, 5),
+                lendable_percent=rng.choice([100.0, rng.uniform(0, 100)]),
+                borrowing_limit_percent=rng.choice([None, rng.uniform(0, 300)]),
+                ttft_slo_ms=rng.choice([None, rng.uniform(10, 5000)]),
+                e2e_slo_ms=rng.choice([None, rng.uniform(100, 20000)]),
             )
         )
     # Make the ceilings able to absorb the budget: the last tenant takes any amount.
     last = tenants[-1]
     tenants[-1] = TenantConfig(name=last.name, floor_slots=last.floor_slots, weight=last.weight)
-    return PoolConfig(name="p", budget_slots=budget, tenants=tenants)
+    slo_policy = SloPolicyConfig(
+        demand_half_life_s=rng.uniform(0.5, 30),
+        hysteresis_slots=rng.randint(0, 4),
+        max_borrow_step_slots=rng.randint(1, 50),
+        slo_boost=rng.uniform(0, 5),
+    )
+    return PoolConfig(name="p", budget_slots=budget, tenants=tenants, slo_policy=slo_policy)
 
 
-def _snapshot(rng: random.Random, pool: PoolConfig, now_s: float) -> PoolSnapshot:
+def _latency(rng: random.Random) -> Latency:
+    if rng.random() < 0.3:
+        return Latency()
+    p50 = rng.uniform(1, 5000)
+    return Latency(
+        count=rng.randint(1, 500), p50_ms=p50, p90_ms=p50 * 2, p99_ms=p50 * rng.uniform(2, 20)
+    )
+
+
+def _snapshot(
+    rng: random.Random, pool: PoolConfig, now_s: float, current: dict[str, int]
+) -> PoolSnapshot:
     loads = {
         t.name: TenantLoad(
             in_flight=rng.choice([0, rng.randint(0, pool.budget_slots)]),
             queued=rng.choice([0, 0, rng.randint(0, 1000)]),
+            ttft=_latency(rng),
+            e2e=_latency(rng),
         )
         for t in pool.tenants
     }
-    return PoolSnapshot(now_s=now_s, tenants=loads, current_limits={})
+    telemetry = rng.choice(
+        [
+            None,
+            TelemetryView(
+                age_s=rng.uniform(0, 20),
+                fresh=rng.random() < 0.7,
+                kv_cache_usage_perc=rng.random(),
+                num_requests_waiting=rng.choice([0.0, float(rng.randint(0, 50))]),
+            ),
+        ]
+    )
+    return PoolSnapshot(now_s=now_s, tenants=loads, current_limits=current, telemetry=telemetry)
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_FACTORIES))
@@ -56,13 +90,15 @@ def test_policy_contract_on_random_sequences_of_snapshots(name: str) -> None:
         pool = _pool(rng)
         policy = make_policy(name)
         state: object | None = None
+        current: dict[str, int] = {}
         for step in range(10):
-            snapshot = _snapshot(rng, pool, now_s=step * pool.decision_period_s)
+            snapshot = _snapshot(rng, pool, now_s=step * pool.decision_period_s, current=current)
             decision = policy.decide(snapshot, pool, state)
             validate_limits(decision.limits, pool)
             again = make_policy(name).decide(snapshot, pool, state)
             assert again.limits == decision.limits, "a policy must be a function of its arguments"
             state = decision.state
+            current = dict(decision.limits)
 
 
 @settings(max_examples=300, deadline=None)

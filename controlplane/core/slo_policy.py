@@ -1,0 +1,195 @@
+"""The slo policy: lend idle slots like the demand policy, but give them back at once, keep a
+reserve that is never lent, and favour tenants whose latency is over their SLO.
+
+It follows Kubernetes API Priority and Fairness's borrowing (KEP-1040) where that fits:
+- each tenant has a nominal share (by weight); `lendable_percent` of it may be lent, the rest is
+  a reserve it always holds (APF's MinCL; Kueue's lendingLimit seen from the lender's side);
+- `borrowing_limit_percent` caps what it may hold above its nominal share (APF's MaxCL);
+- a tenant's demand is smoothed so that it rises at once and decays with a half-life;
+- a tenant that asks for no more than its nominal share gets what it asks at once (APF's
+  MinCurrentCL = max(MinCL, min(Nominal, demand))): lent slots are reclaimed at the next decision,
+  and the gateways stop admitting the borrower's new requests at once;
+- the rest is divided by one fair proportion over weight x smoothed demand x SLO pressure.
+
+The study's reward (throughput, minus a penalty for tail latency over the SLO, minus cost) shapes
+the rule: slots go where there is demand (throughput); a tenant whose p99 TTFT or end-to-end
+latency is over its SLO has its claim multiplied by 1 + slo_boost x overshoot (penalty); and while
+the engine is saturated (KV cache at or above kv_saturation_perc, or requests waiting inside the
+engine) no tenant's borrowing grows, since more concurrency would only add queueing (cost). The
+reward's terms are computed for every decision and stated in its reason.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controlplane.core.policy import PolicyDecision
+from controlplane.core.snapshot import Latency, PoolSnapshot, TenantLoad
+from slotshift.apportion import Claim, apportion, nominal_shares
+from slotshift.config import PoolConfig, TenantConfig
+
+
+@dataclass(frozen=True, slots=True)
+class SloPolicyState:
+    """What the slo policy remembers between decisions."""
+
+    smoothed_demand: Mapping[str, float]
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Bounds:
+    nominal: int
+    reserve: int
+    upper: int
+
+
+class SloPolicy:
+    """See the module docstring. Pure: a function of (snapshot, pool, previous state).
+
+    Contract (besides AllocationPolicy's): every tenant holds at least
+    max(floor, reserve, min(nominal, demand)) and at most min(ceiling, nominal + borrowing limit),
+    where demand is what it runs plus what waits; those lower bounds never sum above the budget
+    because each is at most the tenant's nominal share.
+    """
+
+    name = "slo"
+
+    def decide(
+        self, snapshot: PoolSnapshot, pool: PoolConfig, state: object | None
+    ) -> PolicyDecision:
+        settings = pool.slo_policy
+        previous = state if isinstance(state, SloPolicyState) else None
+        nominal = nominal_shares(pool)
+        bounds = {t.name: _bounds(pool, t, nominal[t.name]) for t in pool.tenants}
+        loads = {t.name: snapshot.tenants.get(t.name, TenantLoad()) for t in pool.tenants}
+        smoothed = _smooth(loads, previous, snapshot.now_s, settings.demand_half_life_s)
+        next_state = SloPolicyState(smoothed_demand=smoothed, now_s=snapshot.now_s)
+        if not any(smoothed.values()):
+            return PolicyDecision(nominal, "no demand: nominal shares", next_state)
+
+        owed = {
+            t.name: max(bounds[t.name].reserve, min(nominal[t.name], loads[t.name].demand_slots))
+            for t in pool.tenants
+        }
+        pressure = {
+            t.name: _slo_pressure(t, loads[t.name], settings.slo_boost) for t in pool.tenants
+        }
+        saturated = _saturated(snapshot, settings.kv_saturation_perc)
+        upper = {}
+        for tenant in pool.tenants:
+            name = tenant.name
+            current = snapshot.current_limits.get(name, nominal[name])
+            # Borrowing grows by at most one step a decision, and not at all while the engine is
+            # saturated; what it already holds it keeps.
+            step = 0 if saturated else settings.max_borrow_step_slots
+            upper[name] = min(bounds[name].upper, max(nominal[name], current + step, owed[name]))
+        if sum(upper.values()) < pool.budget_slots:
+            # Holding every borrower to its step would leave slots unassigned; the budget is
+            # always handed out in full, so the step gives way.
+            upper = {t.name: bounds[t.name].upper for t in pool.tenants}
+        claims = [
+            Claim(owed[t.name], upper[t.name], smoothed[t.name] * t.weight * pressure[t.name])
+            for t in pool.tenants
+        ]
+        limits = dict(
+            zip((t.name for t in pool.tenants), apportion(pool.budget_slots, claims), strict=True)
+        )
+        current_limits = dict(snapshot.current_limits)
+        if _within_hysteresis(limits, current_limits, owed, upper, settings.hysteresis_slots, pool):
+            limits = current_limits
+        reason = _reason(loads, limits, owed, pressure, saturated, pool)
+        return PolicyDecision(limits, reason, next_state)
+
+
+def _bounds(pool: PoolConfig, tenant: TenantConfig, nominal: int) -> _Bounds:
+    lendable = round(nominal * tenant.lendable_percent / 100)
+    reserve = max(tenant.floor_slots, nominal - lendable)
+    ceiling = pool.ceiling_of(tenant)
+    if tenant.borrowing_limit_percent is None:
+        upper = ceiling
+    else:
+        upper = min(ceiling, nominal + round(nominal * tenant.borrowing_limit_percent / 100))
+    return _Bounds(nominal=nominal, reserve=min(reserve, upper), upper=max(upper, nominal))
+
+
+def _smooth(
+    loads: Mapping[str, TenantLoad],
+    previous: SloPolicyState | None,
+    now_s: float,
+    half_life_s: float,
+) -> dict[str, float]:
+    """Demand that rises at once and decays with the half-life (APF's Smooth, in seconds)."""
+    if previous is None:
+        return {name: float(load.demand_slots) for name, load in loads.items()}
+    elapsed = max(0.0, now_s - previous.now_s)
+    keep = math.pow(0.5, elapsed / half_life_s)
+    smoothed = {}
+    for name, load in loads.items():
+        before = previous.smoothed_demand.get(name, 0.0)
+        now = float(load.demand_slots)
+        decayed = keep * before + (1 - keep) * now
+        # Below one slot the memory is noise; dropping it lets an idle tenant's slots go.
+        smoothed[name] = max(now, decayed if decayed >= 0.5 else 0.0)
+    return smoothed
+
+
+def _slo_pressure(tenant: TenantConfig, load: TenantLoad, boost: float) -> float:
+    """1 when within its SLOs (or none is set); more the further its p99 is over them."""
+    overshoot = max(
+        _overshoot(load.ttft, tenant.ttft_slo_ms), _overshoot(load.e2e, tenant.e2e_slo_ms)
+    )
+    return 1.0 + boost * overshoot
+
+
+def _overshoot(latency: Latency, slo_ms: float | None) -> float:
+    if slo_ms is None or latency.count == 0:
+        return 0.0
+    return max(0.0, latency.p99_ms / slo_ms - 1.0)
+
+
+def _saturated(snapshot: PoolSnapshot, kv_saturation_perc: float) -> bool:
+    telemetry = snapshot.telemetry
+    if telemetry is None or not telemetry.fresh:
+        return False
+    return telemetry.kv_cache_usage_perc >= kv_saturation_perc or telemetry.num_requests_waiting > 0
+
+
+def _within_hysteresis(
+    limits: Mapping[str, int],
+    current: Mapping[str, int],
+    owed: Mapping[str, int],
+    upper: Mapping[str, int],
+    hysteresis_slots: int,
+    pool: PoolConfig,
+) -> bool:
+    """Whether the current limits are close enough to keep: valid, owing nobody, all near."""
+    if set(current) != set(limits) or sum(current.values()) != pool.budget_slots:
+        return False
+    if any(not owed[name] <= current[name] <= upper[name] for name in limits):
+        return False
+    return all(abs(limits[name] - current[name]) <= hysteresis_slots for name in limits)
+
+
+def _reason(
+    loads: Mapping[str, TenantLoad],
+    limits: Mapping[str, int],
+    owed: Mapping[str, int],
+    pressure: Mapping[str, float],
+    saturated: bool,
+    pool: PoolConfig,
+) -> str:
+    """The reward's terms in words: served demand, SLO overshoot, saturation."""
+    served = sum(min(limits[n], load.demand_slots) for n, load in loads.items())
+    demand = sum(load.demand_slots for load in loads.values())
+    over = [f"{n} x{p:.2f}" for n, p in pressure.items() if p > 1.0]
+    parts = [
+        f"serves {served} of {demand} slots of demand",
+        f"owed {dict(owed)}",
+        f"over SLO: {', '.join(over)}" if over else "all within SLO",
+    ]
+    if saturated:
+        parts.append("engine saturated: borrowing held")
+    return "; ".join(parts)

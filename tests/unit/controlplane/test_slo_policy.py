@@ -1,0 +1,175 @@
+"""The slo policy: lends idle slots, reclaims at once, keeps reserves, caps borrowing, favours
+tenants over their SLO, holds borrowing while the engine is saturated."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from controlplane.core.slo_policy import SloPolicy, SloPolicyState
+from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
+from slotshift.apportion import nominal_shares
+from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
+
+
+def _pool(**tenant_a: object) -> PoolConfig:
+    return PoolConfig(
+        name="p",
+        budget_slots=96,
+        policy="slo",
+        tenants=[
+            TenantConfig(name="A", floor_slots=4, **tenant_a),
+            TenantConfig(name="B", floor_slots=4),
+        ],
+        slo_policy=SloPolicyConfig(max_borrow_step_slots=96, hysteresis_slots=0),
+    )
+
+
+def _decide(
+    pool: PoolConfig,
+    loads: dict[str, TenantLoad],
+    current: dict[str, int],
+    *,
+    state: object | None = None,
+    now_s: float = 0.0,
+    telemetry: TelemetryView | None = None,
+) -> tuple[dict[str, int], object | None]:
+    snapshot = PoolSnapshot(now_s=now_s, tenants=loads, current_limits=current, telemetry=telemetry)
+    decision = SloPolicy().decide(snapshot, pool, state)
+    return dict(decision.limits), decision.state
+
+
+def test_idle_tenant_lends_all_but_its_floor() -> None:
+    limits, _ = _decide(_pool(), {"B": TenantLoad(in_flight=48, queued=200)}, {"A": 48, "B": 48})
+    assert limits == {"A": 4, "B": 92}
+
+
+def test_reserve_is_never_lent() -> None:
+    pool = _pool(lendable_percent=50)
+    limits, _ = _decide(pool, {"B": TenantLoad(in_flight=48, queued=200)}, {"A": 48, "B": 48})
+    assert limits == {"A": 24, "B": 72}
+
+
+def test_a_returning_tenant_gets_up_to_its_nominal_share_at_once() -> None:
+    pool = _pool()
+    loads = {"A": TenantLoad(queued=40), "B": TenantLoad(in_flight=92, queued=100)}
+    limits, _ = _decide(pool, loads, {"A": 4, "B": 92})
+    assert limits["A"] >= 40
+    loads = {"A": TenantLoad(queued=70), "B": TenantLoad(in_flight=92, queued=100)}
+    limits, _ = _decide(pool, loads, {"A": 4, "B": 92})
+    assert limits["A"] >= 48, "asking for more than its share gets at least the share back"
+
+
+def test_borrowing_limit_caps_the_borrower() -> None:
+    pool = PoolConfig(
+        name="p",
+        budget_slots=96,
+        tenants=[
+            TenantConfig(name="A", floor_slots=4),
+            TenantConfig(name="B", floor_slots=4, borrowing_limit_percent=50),
+            TenantConfig(name="C", floor_slots=4),
+        ],
+    )
+    limits, _ = _decide(pool, {"B": TenantLoad(queued=500)}, {"A": 32, "B": 32, "C": 32})
+    assert limits["B"] == 48
+    assert sum(limits.values()) == 96
+
+
+def test_borrowing_grows_by_at_most_one_step() -> None:
+    pool = _pool().model_copy(update={"slo_policy": SloPolicyConfig(max_borrow_step_slots=10)})
+    loads = {"B": TenantLoad(in_flight=48, queued=200)}
+    limits, state = _decide(pool, loads, {"A": 48, "B": 48})
+    assert limits == {"A": 38, "B": 58}
+    limits, _ = _decide(pool, loads, limits, state=state, now_s=2.0)
+    assert limits == {"A": 28, "B": 68}
+
+
+def test_saturated_engine_holds_borrowing() -> None:
+    saturated = TelemetryView(age_s=0.1, fresh=True, kv_cache_usage_perc=0.99)
+    loads = {"A": TenantLoad(in_flight=10), "B": TenantLoad(in_flight=60, queued=200)}
+    limits, _ = _decide(_pool(), loads, {"A": 36, "B": 60}, telemetry=saturated)
+    assert limits["B"] == 60, "no growth while saturated"
+    stale = TelemetryView(age_s=30, fresh=False, kv_cache_usage_perc=0.99)
+    limits, _ = _decide(_pool(), loads, {"A": 36, "B": 60}, telemetry=stale)
+    assert limits["B"] > 60, "stale telemetry does not hold anything"
+
+
+def test_tenant_over_its_slo_gets_more_of_the_lent_slots() -> None:
+    pool = PoolConfig(
+        name="p",
+        budget_slots=96,
+        tenants=[
+            TenantConfig(name="A", floor_slots=4, ttft_slo_ms=200),
+            TenantConfig(name="B", floor_slots=4),
+            TenantConfig(name="C", floor_slots=4),
+        ],
+        slo_policy=SloPolicyConfig(max_borrow_step_slots=96, hysteresis_slots=0),
+    )
+    current = {"A": 32, "B": 32, "C": 32}
+
+    def loads(p99_ms: float) -> dict[str, TenantLoad]:
+        # B idles and lends; A and C both want more than their share.
+        return {
+            "A": TenantLoad(in_flight=32, queued=60, ttft=Latency(count=50, p99_ms=p99_ms)),
+            "C": TenantLoad(in_flight=32, queued=60),
+        }
+
+    within, _ = _decide(pool, loads(100), current)
+    over, _ = _decide(pool, loads(400), current)
+    assert within["A"] == within["C"]
+    assert over["A"] > over["C"]
+    assert over["B"] == within["B"] == 4
+
+
+def test_demand_decays_with_its_half_life() -> None:
+    pool = _pool()
+    busy = {"A": TenantLoad(in_flight=40), "B": TenantLoad(in_flight=56, queued=200)}
+    limits, state = _decide(pool, busy, {"A": 48, "B": 48})
+    assert isinstance(state, SloPolicyState)
+    assert state.smoothed_demand["A"] == 40
+    idle_a = {"B": TenantLoad(in_flight=56, queued=200)}
+    _, state = _decide(pool, idle_a, limits, state=state, now_s=pool.slo_policy.demand_half_life_s)
+    assert isinstance(state, SloPolicyState)
+    assert state.smoothed_demand["A"] == pytest.approx(20)
+
+
+def test_small_changes_are_held() -> None:
+    pool = _pool().model_copy(update={"slo_policy": SloPolicyConfig(hysteresis_slots=3)})
+    loads = {"A": TenantLoad(in_flight=30), "B": TenantLoad(in_flight=60, queued=10)}
+    limits, _ = _decide(pool, loads, {"A": 30, "B": 66})
+    first, _ = _decide(pool, loads, limits)
+    assert first == limits
+
+
+def test_owed_shares_hold_on_random_cases() -> None:
+    rng = random.Random(11)
+    for _ in range(2_000):
+        pool = PoolConfig(
+            name="p",
+            budget_slots=rng.randint(3, 200),
+            tenants=[
+                TenantConfig(
+                    name=n,
+                    floor_slots=1,
+                    weight=rng.uniform(0.2, 4),
+                    lendable_percent=rng.uniform(0, 100),
+                    borrowing_limit_percent=rng.choice([None, rng.uniform(0, 200)]),
+                )
+                for n in ("A", "B", "C")
+            ],
+        )
+        nominal = nominal_shares(pool)
+        loads = {
+            n: TenantLoad(in_flight=rng.randint(0, 100), queued=rng.randint(0, 100))
+            for n in ("A", "B", "C")
+        }
+        current = dict(nominal)
+        limits, _ = _decide(pool, loads, current)
+        for tenant in pool.tenants:
+            assert limits[tenant.name] >= min(nominal[tenant.name], loads[tenant.name].demand_slots)
+            if tenant.borrowing_limit_percent is not None:
+                cap = nominal[tenant.name] + round(
+                    nominal[tenant.name] * tenant.borrowing_limit_percent / 100
+                )
+                assert limits[tenant.name] <= max(cap, nominal[tenant.name])
