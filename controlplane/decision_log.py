@@ -27,6 +27,8 @@ class DecisionRecord:
     pool: str
     decided_at_wall_s: float
     policy: str
+    trigger: str
+    """Why it ran when it did: "period", or the fast path's reason."""
     outcome: DecisionOutcome
     reason: str
     version: int

@@ -38,8 +38,11 @@ class DecisionLoop:
         self._clock = clock
         self._observers = list(observers or [])
 
-    def decide_once(self) -> DecisionRecord:
-        """One decision, synchronously: the whole control step, testable without a loop."""
+    def decide_once(self, *, trigger: str = "period") -> DecisionRecord:
+        """One decision, synchronously: the whole control step, testable without a loop.
+
+        trigger: why the decision runs now ("period", or the fast path's reason).
+        """
         state = self.state
         pool = state.pool
         state.expire_leases()
@@ -90,6 +93,7 @@ class DecisionLoop:
             pool=pool.name,
             decided_at_wall_s=self._clock.wall(),
             policy=self.policy.name,
+            trigger=trigger,
             outcome=outcome,
             reason=reason,
             version=state.allocation.version,
@@ -105,8 +109,19 @@ class DecisionLoop:
         return record
 
     async def run(self) -> None:
-        """Decide now, then every period, until cancelled."""
-        period = self.state.pool.decision_period_s
+        """Decide now, then every period, or sooner when the fast path asks (at most once per
+        fast_path_min_interval_s), until cancelled."""
+        pool = self.state.pool
+        wanted = self.state.decision_wanted
+        trigger = "period"
         while True:
-            self.decide_once()
-            await asyncio.sleep(period)
+            wanted.clear()
+            self.decide_once(trigger=trigger)
+            try:
+                await asyncio.wait_for(wanted.wait(), timeout=pool.decision_period_s)
+            except TimeoutError:
+                trigger = "period"
+            else:
+                trigger = self.state.fast_path_reason
+                # Rate limit: a burst of reports must not turn into a burst of decisions.
+                await asyncio.sleep(pool.fast_path_min_interval_s)

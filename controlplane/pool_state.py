@@ -155,6 +155,11 @@ class PoolState:
             gateways={},
         )
         self._version = 0
+        self._queued_before: dict[str, int] = {}
+        self.decision_wanted = asyncio.Event()
+        """Set when something calls for a decision before the next period (the fast path)."""
+        self.fast_path_reason = ""
+        """Why the fast path last asked for a decision."""
 
     # Gateways -----------------------------------------------------------------------------
 
@@ -190,7 +195,28 @@ class PoolState:
         if record is None:
             return
         record.usage = dict(usage)
+        self._check_fast_path()
         self.reconcile()
+
+    def _check_fast_path(self) -> None:
+        """Ask for a decision now when a tenant's queue grows while it holds less than its
+        nominal share: waiting for the next period would leave it queueing behind lent slots."""
+        if not self.pool.fast_path:
+            return
+        queued = {
+            t.name: sum(g.usage.get(t.name, TenantUsage()).queued for g in self._gateways.values())
+            for t in self.pool.tenants
+        }
+        nominal = nominal_shares(self.pool)
+        for tenant, count in queued.items():
+            grew = count > self._queued_before.get(tenant, 0)
+            if grew and self.allocation.tenant_limits[tenant] < nominal[tenant]:
+                self.fast_path_reason = (
+                    f"fast path: {tenant}'s queue grew to {count} below its nominal share"
+                )
+                self.decision_wanted.set()
+                break
+        self._queued_before = queued
 
     def record_ack(
         self, session: GatewaySession, version: int, usage: Mapping[str, TenantUsage]

@@ -126,6 +126,13 @@ class PoolConfig(_Model):
     engine_url: str = "http://127.0.0.1:8000"
     """Base URL of the engine's OpenAI-compatible API (the gateways proxy to it)."""
 
+    fast_path: bool = True
+    """Decide at once, not at the next period, when a tenant's queue grows while it holds less
+    than its nominal share (so that lent slots start coming back without delay)."""
+
+    fast_path_min_interval_s: PositiveSeconds = 0.1
+    """Least time between two decisions the fast path triggers."""
+
     tenants: list[TenantConfig]
     """The tenants sharing the budget."""
 

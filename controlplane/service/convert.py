@@ -129,6 +129,7 @@ def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Dec
         telemetry=_telemetry_input(record.telemetry),
         outputs=tenant_allocations(pool, record.outputs),
         duration_ms=record.duration_ms,
+        trigger=record.trigger,
     )
 
 

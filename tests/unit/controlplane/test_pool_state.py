@@ -3,18 +3,22 @@ order in which gateways apply, acknowledge, admit, finish and report."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from dataclasses import dataclass, field
 
 import pytest
 
 from controlplane.core.demand_policy import DemandPolicy
+from controlplane.core.slo_policy import SloPolicy
 from controlplane.decision_log import DecisionOutcome
 from controlplane.decision_loop import DecisionLoop
 from controlplane.pool_state import GatewaySession, PoolState, TenantUsage
 from slotshift.apportion import nominal_shares
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, TenantConfig
+from tests.support import wait_until
 
 POOL = PoolConfig(
     name="p",
@@ -201,3 +205,50 @@ def test_restarted_control_plane_continues_above_the_gateways_version() -> None:
     gateway.connect(state)
     assert gateway.apply_pending(state), "the first update must not look stale to the gateway"
     assert gateway.applied_version > 57
+
+
+def test_fast_path_asks_for_a_decision_when_a_lender_queues() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, SloPolicy(), clock=clock)
+    gateway = SimGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    gateway.apply_pending(state)
+    assert gateway.session is not None
+    gateway.queued["B"] = 300
+    state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    assert not state.decision_wanted.is_set(), "B queues at its nominal share: no hurry"
+    loop.decide_once()
+    assert state.allocation.tenant_limits["A"] == 4
+    gateway.queued["A"] = 10
+    state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    assert state.decision_wanted.is_set()
+    assert "A's queue grew" in state.fast_path_reason
+    record = loop.decide_once(trigger=state.fast_path_reason)
+    assert record.trigger.startswith("fast path")
+    assert record.outputs["A"] >= 10, "the slo policy owes A what it asks, up to its share"
+
+
+async def test_decision_loop_reacts_to_the_fast_path_before_the_period() -> None:
+    pool = POOL.model_copy(update={"decision_period_s": 30.0})
+    state = PoolState(
+        pool,
+        clock=ManualClock(),
+        gateway_lease_ttl_s=6.0,
+        telemetry_stale_after_s=5.0,
+        decision_log_size=64,
+    )
+    loop = DecisionLoop(state, DemandPolicy(), clock=ManualClock())
+    task = asyncio.create_task(loop.run(), name="decision-loop")
+    try:
+        await wait_until(lambda: len(state.decisions) == 1, message="the first decision")
+        state.fast_path_reason = "fast path: test"
+        state.decision_wanted.set()
+        await wait_until(
+            lambda: len(state.decisions) == 2, timeout_s=5, message="a fast-path decision"
+        )
+        assert state.decisions.newest(1)[0].trigger == "fast path: test"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
