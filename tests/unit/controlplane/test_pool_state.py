@@ -51,9 +51,10 @@ class SimGateway:
 
     def apply_pending(self, state: PoolState) -> bool:
         assert self.session is not None
-        allocation = self.session.mailbox.take_nowait()
-        if allocation is None or allocation.version <= self.applied_version:
+        delivery = self.session.mailbox.take_nowait()
+        if delivery is None or delivery.allocation.version <= self.applied_version:
             return False
+        allocation = delivery.allocation
         self.limits = {
             t: lim.limit_slots for t, lim in allocation.gateways[self.gateway_id].items()
         }
@@ -219,7 +220,7 @@ def test_fast_path_asks_for_a_decision_when_a_lender_queues() -> None:
     state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
     assert not state.decision_wanted.is_set(), "B queues at its nominal share: no hurry"
     loop.decide_once()
-    assert state.allocation.tenant_limits["A"] == 4
+    assert state.allocation.tenant_limits["A"] < 48, "A lends while it idles"
     gateway.queued["A"] = 10
     state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
     assert state.decision_wanted.is_set()
