@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
-PolicyName = Literal["static", "demand", "slo"]
+PolicyName = Literal["static", "demand", "slo", "agent"]
 """The allocation policies the control plane knows (see controlplane/core/policies.py)."""
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
@@ -106,6 +106,32 @@ class SloPolicyConfig(_Model):
     add waiting, so borrowers do not grow further (the cost term)."""
 
 
+class AgentPolicyConfig(_Model):
+    """The agent policy: an LLM behind any OpenAI-compatible chat endpoint proposes the limits;
+    a rule-based policy decides whenever its answer is late, invalid or failing."""
+
+    url: str = "http://127.0.0.1:8000/v1"
+    """Base URL of the OpenAI-compatible API (`/chat/completions` is appended)."""
+
+    model: str = "Qwen/Qwen2.5-3B-Instruct"
+    """The model to ask."""
+
+    api_key: SecretStr | None = None
+    """Sent as `Authorization: Bearer`; unset sends none."""
+
+    deadline_ms: Annotated[float, Field(gt=0)] = 500.0
+    """Longest the control loop waits for an answer; past it the fallback decides."""
+
+    fallback: Literal["static", "demand", "slo"] = "slo"
+    """The rule-based policy that decides when the agent's answer cannot be used."""
+
+    max_tokens: Annotated[int, Field(ge=16)] = 512
+    """Most tokens the answer may take."""
+
+    temperature: Annotated[float, Field(ge=0, le=2)] = 0.0
+    """Sampling temperature; 0 for the most repeatable answers."""
+
+
 class PoolConfig(_Model):
     """One pool: one inference server (one vLLM engine) with its own fixed slot budget."""
 
@@ -137,7 +163,10 @@ class PoolConfig(_Model):
     """The tenants sharing the budget."""
 
     slo_policy: SloPolicyConfig = SloPolicyConfig()
-    """Settings of the slo policy (used when `policy` is slo)."""
+    """Settings of the slo policy (used when `policy` is slo, or as the agent's fallback)."""
+
+    agent_policy: AgentPolicyConfig = AgentPolicyConfig()
+    """Settings of the agent policy (used when `policy` is agent)."""
 
     def ceiling_of(self, tenant: TenantConfig) -> int:
         """The tenant's effective ceiling: its own, or the whole budget."""

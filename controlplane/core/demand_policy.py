@@ -18,6 +18,7 @@ class DemandPolicy:
     """
 
     name = "demand"
+    needs_advice = False
 
     def decide(
         self, snapshot: PoolSnapshot, pool: PoolConfig, state: object | None

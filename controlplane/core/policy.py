@@ -18,6 +18,8 @@ class PolicyDecision:
     reason: str
     state: object | None = None
     """Carried to the policy's next decision unchanged; the policy's own memory."""
+    fallback: str | None = None
+    """Set when the policy could not use its primary source and fell back: why."""
 
 
 class AllocationPolicy(Protocol):
@@ -33,6 +35,8 @@ class AllocationPolicy(Protocol):
     """
 
     name: str
+    needs_advice: bool
+    """True when the control loop must gather an outside answer (snapshot.advice) first."""
 
     def decide(
         self, snapshot: PoolSnapshot, pool: PoolConfig, state: object | None

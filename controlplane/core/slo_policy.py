@@ -56,6 +56,7 @@ class SloPolicy:
     """
 
     name = "slo"
+    needs_advice = False
 
     def decide(
         self, snapshot: PoolSnapshot, pool: PoolConfig, state: object | None

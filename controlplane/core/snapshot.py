@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +47,19 @@ class TelemetryView:
 
 
 @dataclass(frozen=True, slots=True)
+class Advice:
+    """An outside decision function's answer, gathered before the policy runs (the policy itself
+    does no I/O). Exactly one of `limits` and `error` is set."""
+
+    limits: Mapping[str, object] | None = None
+    """The proposed tenant limits, as the advisor parsed them: not yet validated."""
+    reason: str = ""
+    error: str | None = None
+    """Why there is no usable answer: late, failed, unparseable."""
+    latency_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class PoolSnapshot:
     """Everything a policy may base a decision on. `now_s` is the only time it may use."""
 
@@ -56,4 +69,5 @@ class PoolSnapshot:
     """The tenant limits in force (the previous decision's outputs)."""
     telemetry: TelemetryView | None = None
     gateways_connected: int = 0
-    extra: Mapping[str, float] = field(default_factory=dict)
+    advice: Advice | None = None
+    """The agent's answer for this decision, when the policy asked for one."""

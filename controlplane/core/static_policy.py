@@ -12,6 +12,7 @@ class StaticPolicy:
     """Limits are the nominal shares by weight within floors and ceilings, whatever the load."""
 
     name = "static"
+    needs_advice = False
 
     def decide(
         self, snapshot: PoolSnapshot, pool: PoolConfig, state: object | None

@@ -1,0 +1,77 @@
+"""The agent policy: the study's named next step, an LLM as the decision function.
+
+The LLM is asked outside the policy (the control loop gathers its answer, with a deadline, into
+`snapshot.advice`); this policy only judges the answer. An answer is used when it names exactly
+the pool's tenants with whole numbers that hold every floor and ceiling and sum to the budget.
+Otherwise (late, failed, unparseable, invalid) the rule-based fallback policy decides, and the
+decision says why (`PolicyDecision.fallback`). The fallback runs on every decision, used or not,
+so that its own memory (the slo policy's smoothed demand) stays current.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from controlplane.core.policy import AllocationPolicy, PolicyDecision
+from controlplane.core.snapshot import Advice, PoolSnapshot
+from controlplane.core.validation import InvalidAllocation, validate_limits
+from slotshift.config import PoolConfig
+
+MAX_REASON_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPolicyState:
+    fallback_state: object | None
+    fallbacks: int
+    """Decisions so far that the fallback made."""
+
+
+class AgentPolicy:
+    """Uses the agent's answer when it is valid; otherwise the fallback policy's decision."""
+
+    name = "agent"
+    needs_advice = True
+
+    def __init__(self, fallback: AllocationPolicy) -> None:
+        self.fallback = fallback
+
+    def decide(
+        self, snapshot: PoolSnapshot, pool: PoolConfig, state: object | None
+    ) -> PolicyDecision:
+        previous = state if isinstance(state, AgentPolicyState) else AgentPolicyState(None, 0)
+        rule_based = self.fallback.decide(snapshot, pool, previous.fallback_state)
+        try:
+            limits = usable_limits(snapshot.advice, pool)
+        except InvalidAllocation as problem:
+            return PolicyDecision(
+                limits=rule_based.limits,
+                reason=f"fell back to {self.fallback.name} ({problem}): {rule_based.reason}",
+                state=AgentPolicyState(rule_based.state, previous.fallbacks + 1),
+                fallback=str(problem),
+            )
+        assert snapshot.advice is not None  # usable_limits checked it
+        reason = snapshot.advice.reason.strip()[:MAX_REASON_CHARS] or "no reason given"
+        return PolicyDecision(
+            limits=limits,
+            reason=f"agent ({snapshot.advice.latency_ms:.0f} ms): {reason}",
+            state=AgentPolicyState(rule_based.state, previous.fallbacks),
+        )
+
+
+def usable_limits(advice: Advice | None, pool: PoolConfig) -> dict[str, int]:
+    """The advice's limits if they can be published as they are; InvalidAllocation says why not."""
+    if advice is None:
+        raise InvalidAllocation("no answer was gathered")
+    if advice.error is not None:
+        raise InvalidAllocation(advice.error)
+    if not isinstance(advice.limits, Mapping):
+        raise InvalidAllocation("the answer has no limits object")
+    limits: dict[str, int] = {}
+    for tenant, value in advice.limits.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise InvalidAllocation(f"limit of {tenant!r} is not a whole number: {value!r}")
+        limits[str(tenant)] = value
+    validate_limits(limits, pool)
+    return limits
