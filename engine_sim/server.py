@@ -8,6 +8,7 @@ handler even while it only waits for tokens, and the handler's `finally` aborts 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from http import HTTPStatus
 
@@ -15,6 +16,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine_sim import openai_api
+from engine_sim.chat_script import ChatScript, ChatScriptError, ScriptedReply
 from engine_sim.engine_core import FinishReason, RequestSpec
 from engine_sim.engine_loop import AsyncEngine, RequestStream
 from engine_sim.openai_api import ApiError, GenerationRequest, ResponseIdentity
@@ -39,6 +41,8 @@ class EngineSim:
         self._runner: web.AppRunner | None = None
         self._port: int | None = None
         self._stopping = False
+        self.chat_script = ChatScript()
+        """Scripted chat answers (see engine_sim/chat_script.py)."""
 
     # --- what tests and the entrypoint read -------------------------------------------------
 
@@ -108,6 +112,8 @@ class EngineSim:
                 web.get("/health", self._health),
                 web.get("/version", self._version),
                 web.get("/metrics", self._metrics),
+                web.post("/sim/chat-script", self._script_chat),
+                web.delete("/sim/chat-script", self._clear_chat_script),
             ]
         )
         runner = web.AppRunner(
@@ -165,7 +171,43 @@ class EngineSim:
         return await self._generate(request, chat=False)
 
     async def _chat_completions(self, request: web.Request) -> web.StreamResponse:
+        scripted = self.chat_script.next_reply()
+        if scripted is not None:
+            return await self._scripted_reply(scripted)
         return await self._generate(request, chat=True)
+
+    async def _scripted_reply(self, reply: ScriptedReply) -> web.Response:
+        if reply.delay_ms:
+            # The scripted answer's own latency: modelling a slow model, not waiting on a test.
+            await asyncio.sleep(reply.delay_ms / 1000)
+        if reply.status != HTTPStatus.OK:
+            return _error_response(
+                ApiError(HTTPStatus(reply.status), reply.content or "scripted error")
+            )
+        identity = ResponseIdentity(
+            f"chatcmpl-{uuid.uuid4().hex}", int(self._clock.wall()), self.profile.model_name, True
+        )
+        tokens = max(1, len(reply.content) // 4)
+        return web.json_response(
+            openai_api.full_response(
+                identity,
+                text=reply.content,
+                finish_reason="stop",
+                prompt_tokens=1,
+                completion_tokens=tokens,
+            )
+        )
+
+    async def _script_chat(self, request: web.Request) -> web.Response:
+        try:
+            queued = self.chat_script.extend(await request.json())
+        except (ValueError, ChatScriptError) as exc:
+            return _error_response(ApiError(HTTPStatus.BAD_REQUEST, str(exc)))
+        return web.json_response({"queued": queued})
+
+    async def _clear_chat_script(self, _: web.Request) -> web.Response:
+        self.chat_script.clear()
+        return web.json_response({"queued": 0})
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         try:
