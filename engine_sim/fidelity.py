@@ -4,16 +4,19 @@ For each point of engine_sim/calibration.py it starts an EngineSim on port 0 wit
 profile and drives it over HTTP (aiohttp) with closed-loop clients, as the point says: per tenant
 `in_flight` clients, each sending a completion of `prompt_tokens` token ids with
 max_tokens = `output_tokens` and ignore_eos, non-streamed, and sending the next as soon as one
-completes. Each client's first request is shortened by a different amount so the clients' phases
-spread out as in a long-running steady state. After a warm-up, the output throughput is measured
-over the steady window from the server's own `vllm:generation_tokens_total` (scraped over HTTP),
-and checked against the published figure and the step model's steady-state prediction.
+completes. Each client's first request starts mid-cycle, at a different phase for each client:
+the output it would already have generated is added to its prompt and taken off its max_tokens,
+so the batch holds the steady state's mix of contexts from the first steps on. After a warm-up
+(the first requests' long prefills), the output throughput is measured over the steady window
+from the server's own `vllm:generation_tokens_total` (scraped over HTTP), and checked against
+the published figure and the step model's steady-state prediction.
 
 The benchmark runs clients and emulator in one process, on one event loop: the emulator keeps up
 when the process's CPU stays below one core and the event loop lag stays well below a step.
 Both are reported with each result.
 
-    python -m engine_sim.fidelity [--profile NAME] [--duration SECONDS] [--out DIR]
+    python -m engine_sim.fidelity [--profile NAME] [--duration SECONDS] [--warmup SECONDS]
+                                  [--scenario NAME ...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from engine_sim.calibration import (
     TenantLoad,
     modelled_output_tokens_per_s,
 )
-from engine_sim.profiles import DEFAULT_PROFILE, PROFILES
+from engine_sim.profiles import DEFAULT_PROFILE, PROFILES, profile_named
 from engine_sim.server import EngineSim
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
@@ -137,10 +140,7 @@ async def run_fidelity(
 
 
 def _emulator_config(profile: str) -> EngineSimConfig:
-    if profile not in PROFILES:
-        raise ValueError(
-            f"unknown emulator profile {profile!r}; known profiles: {', '.join(sorted(PROFILES))}"
-        )
+    profile_named(profile)  # an unknown name fails here, naming the known ones
     return EngineSimConfig.model_validate({"profile": profile, "port": 0, "shutdown_grace_s": 0.5})
 
 
@@ -158,6 +158,7 @@ class _Snapshot:
     time_s: float
     cpu_s: float
     generation_tokens: float
+    gpu_utilization_percent: float
     steps: int
     completed_requests: int
     completed_tokens: int
@@ -209,7 +210,7 @@ async def _run_point(
                                 sim.url,
                                 sim.profile.model_name,
                                 load,
-                                _first_output_tokens(load, index),
+                                _phase_tokens(load, index),
                                 tally,
                             ),
                         )
@@ -236,6 +237,8 @@ def _result(
 ) -> FidelityResult:
     window_s = end.time_s - start.time_s
     steps = end.steps - start.steps
+    # The gauge is a 1 s average; the window's end is sampled too, so short windows have one.
+    gpu_samples = [*probe.gpu_samples, end.gpu_utilization_percent]
     profile_costs = PROFILES[profile].step
     return FidelityResult(
         profile=profile,
@@ -250,18 +253,16 @@ def _result(
         failed_requests=end.failed_requests - start.failed_requests,
         window_s=window_s,
         mean_step_ms=window_s / steps * 1000.0 if steps else math.inf,
-        mean_emulated_gpu_utilization_percent=sum(probe.gpu_samples) / len(probe.gpu_samples)
-        if probe.gpu_samples
-        else math.nan,
+        mean_emulated_gpu_utilization_percent=sum(gpu_samples) / len(gpu_samples),
         process_cpu_percent=(end.cpu_s - start.cpu_s) / window_s * 100.0,
         max_event_loop_lag_ms=probe.max_lag_s * 1000.0,
     )
 
 
-def _first_output_tokens(load: TenantLoad, index: int) -> int:
+def _phase_tokens(load: TenantLoad, index: int) -> int:
     # Clients started together would finish together and the batch would breathe in lockstep;
-    # spreading the first requests' lengths evenly gives the steady state's mix of phases at once.
-    return load.output_tokens - (index * load.output_tokens) // load.in_flight
+    # spreading their first requests' phases evenly gives the steady state at once.
+    return (index * load.output_tokens) // load.in_flight
 
 
 async def _closed_loop_client(
@@ -269,13 +270,13 @@ async def _closed_loop_client(
     url: str,
     model: str,
     load: TenantLoad,
-    first_output_tokens: int,
+    phase_tokens: int,
     tally: _Tally,
 ) -> None:
-    # Token ids, so the prompt is exactly prompt_tokens long; with ignore_eos their values
-    # do not matter.
-    prompt = list(range(1, load.prompt_tokens + 1))
-    max_tokens = first_output_tokens
+    # Token ids, so the prompt is exactly as long as meant; with ignore_eos their values do not
+    # matter. The first request stands for one already phase_tokens into its output.
+    prompt = list(range(1, load.prompt_tokens + phase_tokens + 1))
+    max_tokens = load.output_tokens - phase_tokens
     while True:
         body = {
             "model": model,
@@ -297,6 +298,7 @@ async def _closed_loop_client(
         else:
             tally.completed_requests += 1
             tally.completed_tokens += output_tokens
+        prompt = prompt[: load.prompt_tokens]
         max_tokens = load.output_tokens
 
 
@@ -308,6 +310,7 @@ async def _snapshot(
         time_s=clock.monotonic(),
         cpu_s=time.process_time(),
         generation_tokens=values[GENERATION_TOKENS],
+        gpu_utilization_percent=values[GPU_UTILIZATION],
         steps=sim.engine.core.steps_total,
         completed_requests=tally.completed_requests,
         completed_tokens=tally.completed_tokens,
@@ -367,9 +370,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S, help="seconds")
     parser.add_argument("--out", type=Path, help="directory for fidelity.json")
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        choices=[point.scenario for point in CALIBRATION_POINTS],
+        help="run only this calibration point (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
 
-    results = asyncio.run(run_fidelity(args.profile, args.duration, warmup_s=args.warmup))
+    chosen = args.scenario or [point.scenario for point in CALIBRATION_POINTS]
+    points = [point for point in CALIBRATION_POINTS if point.scenario in chosen]
+    results = asyncio.run(
+        run_fidelity(args.profile, args.duration, warmup_s=args.warmup, points=points)
+    )
     print(
         f"emulator fidelity, profile {args.profile}: {args.duration:g} s steady window per "
         f"point after {args.warmup:g} s warm-up (goal: within {FIDELITY_TOLERANCE_PERCENT:g}%)"
