@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="this agent's id (env SLOTSHIFT_AGENT_ID; default the host name)",
     )
     commands.add_parser("engine-sim", parents=[common], help="run the vLLM emulator")
+    commands.add_parser(
+        "bench-fidelity",
+        add_help=False,
+        help="run the emulator at the study's calibration points; print measured vs published",
+    )
     up = commands.add_parser(
         "up",
         parents=[common],
@@ -102,6 +107,12 @@ def load(args: argparse.Namespace) -> SlotshiftConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench-fidelity"]:
+        # The fidelity benchmark has its own flags (--profile, --duration-s, --out, ...).
+        from engine_sim.fidelity import main as fidelity_main
+
+        return fidelity_main(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging(args.command, args.log_level)
     try:
