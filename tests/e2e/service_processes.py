@@ -1,0 +1,102 @@
+"""Each slotshift service as its own process, started as a user starts it (`slotshift <service>
+--config FILE`), so that tests can kill one with SIGKILL and start it again."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import wait_until_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServiceProcesses:
+    """Named service processes sharing one config file; every one is stopped at close()."""
+
+    def __init__(self, directory: Path, config: dict[str, Any]) -> None:
+        self.directory = directory
+        self.config_path = directory / "slotshift.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str, command: str, *args: str) -> None:
+        log = (self.directory / f"{name}.log").open("ab")
+        self._processes[name] = subprocess.Popen(
+            [sys.executable, "-m", "slotshift", command, "--config", str(self.config_path), *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        log.close()
+
+    def kill(self, name: str) -> None:
+        """SIGKILL: the process gets no chance to clean up."""
+        process = self._processes.pop(name)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+
+    def running(self, name: str) -> bool:
+        process = self._processes.get(name)
+        return process is not None and process.poll() is None
+
+    def log(self, name: str) -> str:
+        return (self.directory / f"{name}.log").read_text(errors="replace")
+
+    def close(self) -> None:
+        for process in self._processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self._processes.values():
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self._processes.clear()
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def grpc_serving(target: str) -> bool:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+def wait_ready(check: Any, what: str, timeout_s: float = 30) -> None:
+    wait_until_sync(check, timeout_s=timeout_s, message=what)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """metric name (with labels folded in as name{k=v,...}) -> value."""
+    with urllib.request.urlopen(url, timeout=2) as response:
+        text = response.read().decode()
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            values[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return values
