@@ -12,6 +12,12 @@ Protocol (proto/slotshift/v1/gateway.proto):
 
 While the stream is down the gateway keeps enforcing the last applied limits (fail-static) and
 reconnects with exponential backoff and jitter.
+
+Traces: each connection attempt is a "controlplane.connect" span whose context goes in the call's
+metadata (the control plane handles the hello under it); each update is applied in an
+"allocation.apply" span, the child of the control plane's push (from
+`AllocationUpdate.trace_context`). The decision the update comes from is remembered per tenant, for
+the requests admitted under it to link to.
 """
 
 from __future__ import annotations
@@ -22,11 +28,20 @@ import random
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
+from opentelemetry import trace
+from opentelemetry.context import Context
 
 from admission_gateway.gateway_state import GatewayState, TenantDemand, TenantLimit
 from admission_gateway.latency_window import LatencyPercentiles
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock
+from slotshift.trace_context import (
+    DECISION_TRACEPARENT,
+    carrier_of,
+    grpc_metadata,
+    parent_from,
+    span_context_from,
+)
 from slotshift.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -52,8 +67,10 @@ class ControlClient:
         reconnect_max_s: float,
         clock: Clock,
         rng: random.Random | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._state = state
+        self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._target = target
         self._gateway_id = gateway_id
         self._report_interval_s = report_interval_s
@@ -101,14 +118,34 @@ class ControlClient:
 
     async def _session(self, stub: gateway_pb2_grpc.GatewayServiceAsyncStub) -> bool:
         """One stream, from hello to its end; True if it was established."""
+        connecting = self._tracer.start_span(
+            "controlplane.connect",
+            # A root: a connection belongs to no request or decision.
+            context=Context(),
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                "slotshift.pool": self._state.pool_name,
+                "slotshift.gateway.id": self._gateway_id,
+                "slotshift.allocation.applied_version": self._state.applied_version,
+                "rpc.system": "grpc",
+                "rpc.method": "slotshift.v1.GatewayService/Connect",
+                "server.address": self._target,
+            },
+        )
         # None: messages are written with call.write, not drawn from an iterator.
-        call: _Call = stub.Connect(None)
+        call: _Call = stub.Connect(None, metadata=grpc_metadata(carrier_of(connecting)))
         self.attempts += 1
         writes = asyncio.Lock()
         tasks = Supervisor("control-stream")
         established = False
         try:
-            await self._write(call, writes, gateway_pb2.GatewayMessage(hello=self._hello()))
+            try:
+                await self._write(call, writes, gateway_pb2.GatewayMessage(hello=self._hello()))
+            except _STREAM_GONE as exc:
+                connecting.set_status(trace.StatusCode.ERROR, type(exc).__name__)
+                raise
+            finally:
+                connecting.end()
             established = True
             self.sessions_started += 1
             self._set_connected(True, "")
@@ -141,27 +178,55 @@ class ControlClient:
             TenantLimit(t.tenant, target_slots=t.target_slots, limit_slots=t.limit_slots)
             for t in update.tenants
         ]
-        if not self._state.apply_allocation(update.version, limits):
-            logger.debug(
-                "ignoring allocation %d: version %d is already applied",
-                update.version,
-                self._state.applied_version,
+        carrier = dict(update.trace_context)
+        with self._tracer.start_as_current_span(
+            "allocation.apply",
+            context=parent_from(carrier),
+            kind=trace.SpanKind.CONSUMER,
+            attributes={
+                "slotshift.pool": update.pool,
+                "slotshift.gateway.id": self._gateway_id,
+                "slotshift.allocation.version": update.version,
+                "slotshift.decision.id": update.decision_id,
+            },
+        ) as span:
+            decision = span_context_from(
+                {"traceparent": carrier[DECISION_TRACEPARENT]}
+                if DECISION_TRACEPARENT in carrier
+                else {}
             )
-            return
-        # The ack is built right after the resize, with nothing awaited in between, so the usage
-        # it carries is the usage under the new limits.
-        ack = gateway_pb2.AllocationAck(
-            pool=self._state.pool_name,
-            gateway_id=self._gateway_id,
-            version=update.version,
-            tenants=_tenant_demands(self._state.demand()),
-        )
-        logger.info(
-            "applied allocation %d: %s",
-            update.version,
-            ", ".join(f"{t.name}={t.admission.limit_slots}" for t in self._state.tenants.values()),
-        )
-        await self._write(call, writes, gateway_pb2.GatewayMessage(ack=ack))
+            applied = self._state.apply_allocation(update.version, limits, decision=decision)
+            span.set_attribute("slotshift.allocation.applied", applied)
+            if not applied:
+                logger.debug(
+                    "ignoring allocation %d: version %d is already applied",
+                    update.version,
+                    self._state.applied_version,
+                )
+                return
+            for tenant in self._state.tenants.values():
+                span.set_attribute(
+                    f"slotshift.allocation.{tenant.name}.limit_slots", tenant.admission.limit_slots
+                )
+                span.set_attribute(
+                    f"slotshift.allocation.{tenant.name}.target_slots", tenant.target_slots
+                )
+            # The ack is built right after the resize, with nothing awaited in between, so the
+            # usage it carries is the usage under the new limits.
+            ack = gateway_pb2.AllocationAck(
+                pool=self._state.pool_name,
+                gateway_id=self._gateway_id,
+                version=update.version,
+                tenants=_tenant_demands(self._state.demand()),
+            )
+            logger.info(
+                "applied allocation %d: %s",
+                update.version,
+                ", ".join(
+                    f"{t.name}={t.admission.limit_slots}" for t in self._state.tenants.values()
+                ),
+            )
+            await self._write(call, writes, gateway_pb2.GatewayMessage(ack=ack))
 
     async def _report_periodically(self, call: _Call, writes: asyncio.Lock) -> None:
         try:

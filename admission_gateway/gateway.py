@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from admission_gateway.admission import TenantAdmission
@@ -41,7 +42,10 @@ _SERVER_SHUTDOWN_TIMEOUT_S = 0.25
 
 
 class AdmissionGateway:
-    """An admission gateway for the pool named in `config.gateway.pool`."""
+    """An admission gateway for the pool named in `config.gateway.pool`.
+
+    tracer_provider: where its spans go (requests, allocations applied); no-op by default.
+    """
 
     def __init__(
         self,
@@ -51,8 +55,11 @@ class AdmissionGateway:
         port: int | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         self._settings = config.gateway
+        provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
+        self._tracer = provider.get_tracer("slotshift.admission_gateway")
         try:
             self._pool = config.pool(self._settings.pool)
         except KeyError:
@@ -124,6 +131,7 @@ class AdmissionGateway:
             retry_after_s=self._settings.retry_after_s,
             metrics=self.metrics,
             clock=self._clock,
+            tracer=self._tracer,
         )
         app = web.Application(middlewares=[openai_errors])
         app.add_routes(self._proxy.routes())
@@ -153,6 +161,8 @@ class AdmissionGateway:
             raise
         self._port = _bound_port(self._runner)
         self._gateway_id = self._requested_gateway_id or f"{socket.gethostname()}:{self._port}"
+        # Nothing has been awaited since the listener opened, so no request has run without it.
+        self._proxy.gateway_id = self._gateway_id
         self.control_client = ControlClient(
             self.state,
             target=self._settings.controlplane_target,
@@ -162,6 +172,7 @@ class AdmissionGateway:
             reconnect_max_s=self._settings.reconnect_max_s,
             clock=self._clock,
             rng=self._rng,
+            tracer=self._tracer,
         )
         self._tasks.spawn("control-stream", self.control_client.run())
 

@@ -11,6 +11,8 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from opentelemetry.trace import SpanContext
+
 from admission_gateway.admission import TenantAdmission, TenantUsage
 from admission_gateway.latency_window import LatencyPercentiles, LatencyWindow
 from slotshift.apportion import nominal_shares
@@ -56,6 +58,10 @@ class TenantState:
         self.admission = admission
         self.target_slots = target_slots
         """This gateway's part of the tenant's pool-wide limit (shown in metrics)."""
+        self.decision: SpanContext | None = None
+        """The span of the control-plane decision whose allocation set the limit in force (None
+        on the fallback split, or when the control plane does not trace): requests admitted under
+        the limit link to it."""
         self.ttft = new_window()
         """Time to first token of recent streamed requests, from arrival at the gateway."""
         self.e2e = new_window()
@@ -122,11 +128,18 @@ class GatewayState:
         """The allocation version enforced now; 0 while on the fallback split."""
         return self._applied_version
 
-    def apply_allocation(self, version: int, limits: Iterable[TenantLimit]) -> bool:
+    def apply_allocation(
+        self,
+        version: int,
+        limits: Iterable[TenantLimit],
+        *,
+        decision: SpanContext | None = None,
+    ) -> bool:
         """Enforce the limits of allocation `version`; False (and no change) if it is not newer.
 
         A tenant the allocation does not name gets 0 slots: the control plane gave its share to
         others. Limits for tenants this gateway does not know are ignored with a warning.
+        `decision` is the span of the decision the allocation comes from, if it was traced.
         """
         if version <= self._applied_version:
             return False
@@ -145,6 +158,7 @@ class GatewayState:
             limit = by_tenant.get(name, TenantLimit(name, target_slots=0, limit_slots=0))
             tenant.admission.resize(max(0, limit.limit_slots))
             tenant.target_slots = max(0, limit.target_slots)
+            tenant.decision = decision
         self._applied_version = version
         return True
 

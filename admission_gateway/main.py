@@ -5,10 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from opentelemetry import trace
+
 from admission_gateway.gateway import AdmissionGateway
 from slotshift.config import SlotshiftConfig
+from slotshift.tracing import tracing_from_environment
 
 logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "slotshift-gateway"
+"""The service name its spans carry unless OTEL_SERVICE_NAME says otherwise."""
 
 
 async def run(
@@ -23,7 +29,24 @@ async def run(
     gateway_id: this gateway's name towards the control plane (default: host name and port).
     port: overrides config.gateway.port (0 picks a free one).
     """
-    gateway = AdmissionGateway(config, gateway_id=gateway_id, port=port)
+    tracing = tracing_from_environment(SERVICE_NAME)
+    try:
+        await _serve(config, stop, tracing.provider, gateway_id=gateway_id, port=port)
+    finally:
+        await tracing.shutdown()
+
+
+async def _serve(
+    config: SlotshiftConfig,
+    stop: asyncio.Event,
+    tracer_provider: trace.TracerProvider,
+    *,
+    gateway_id: str | None,
+    port: int | None,
+) -> None:
+    gateway = AdmissionGateway(
+        config, gateway_id=gateway_id, port=port, tracer_provider=tracer_provider
+    )
     await gateway.start()
     try:
         logger.info(

@@ -2,6 +2,10 @@
 
 Gauges and counters of admission state are read from GatewayState when scraped, so there is one
 source of truth and nothing to keep in step; latency histograms are observed as requests pass.
+
+Names follow one scheme across the services (docs/operations.md lists them all): quantities of
+slots end in `_slots` and are prefixed `tenant_`, counts of requests start with `requests_`,
+durations end in `_seconds`, counters in `_total`; every per-tenant series has `pool` and `tenant`.
 """
 
 from __future__ import annotations
@@ -81,28 +85,28 @@ class _StateCollector(Collector):
             labels=labels,
         )
         in_flight = GaugeMetricFamily(
-            "slotshift_gateway_tenant_in_flight",
+            "slotshift_gateway_requests_in_flight",
             "Requests admitted and not finished.",
             labels=labels,
         )
         queued = GaugeMetricFamily(
-            "slotshift_gateway_tenant_queued", "Requests waiting for a slot.", labels=labels
+            "slotshift_gateway_requests_queued", "Requests waiting for a slot.", labels=labels
         )
         admitted = CounterMetricFamily(
-            "slotshift_gateway_admitted", "Requests admitted.", labels=labels
+            "slotshift_gateway_requests_admitted", "Requests admitted.", labels=labels
         )
         completed = CounterMetricFamily(
-            "slotshift_gateway_completed",
+            "slotshift_gateway_requests_completed",
             "Admitted requests that have finished, whatever their outcome.",
             labels=labels,
         )
         rejected = CounterMetricFamily(
-            "slotshift_gateway_rejected",
+            "slotshift_gateway_requests_rejected",
             "Requests turned away before admission, by reason.",
             labels=[*labels, "reason"],
         )
         abandoned = CounterMetricFamily(
-            "slotshift_gateway_abandoned",
+            "slotshift_gateway_requests_abandoned",
             "Queued requests whose client went away before they were admitted.",
             labels=labels,
         )

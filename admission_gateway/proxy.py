@@ -17,19 +17,28 @@ A streamed response is relayed chunk by chunk as the engine sends it. If the eng
 the stream has begun, the status can no longer change: the gateway ends the stream with an SSE
 `data: {"error": ...}` event, as vLLM itself does. If the client goes away, the server cancels the
 handler (handler_cancellation), which aborts the upstream request and releases the slot.
+
+Traces (see docs/operations.md): each /v1 request is a server span named after its route,
+continuing the client's W3C trace context if it sent one, with the tenant, the pool, the gateway,
+the allocation version and the outcome as attributes (never the API key); its queue wait is a
+child span ("queue wait"), its call to the engine a client span ("upstream POST /v1/...") whose
+context goes to the engine in `traceparent`. An admitted request's span links to the decision
+whose allocation admitted it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+from opentelemetry import trace
 
 from admission_gateway.admission import AdmissionClosed, QueueFull, QueueTimeout, Slot
 from admission_gateway.auth import AuthenticationError, Authenticator
@@ -38,6 +47,7 @@ from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import GatewayState, TenantState
 from admission_gateway.metrics import GatewayMetrics
 from slotshift.clock import Clock
+from slotshift.trace_context import inject_into, parent_from
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +70,8 @@ _NOT_FORWARDED_UPSTREAM = _HOP_BY_HOP | {"host", "content-length", "authorizatio
 _NOT_FORWARDED_DOWNSTREAM = _HOP_BY_HOP | {"content-length", "server", "date", "x-request-id"}
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
+_Handler = Callable[[web.Request, str, trace.Span], Awaitable[web.StreamResponse]]
+
 
 class OpenAIProxy:
     """The /v1 handlers of one gateway."""
@@ -76,8 +88,13 @@ class OpenAIProxy:
         retry_after_s: int,
         metrics: GatewayMetrics,
         clock: Clock,
+        tracer: trace.Tracer | None = None,
+        gateway_id: str = "",
     ) -> None:
         self._state = state
+        self._tracer = tracer if tracer is not None else trace.NoOpTracer()
+        self.gateway_id = gateway_id
+        """This gateway's id, on every request's span (set by the gateway once it is bound)."""
         self._authenticator = authenticator
         self._session = session
         self._engine_url = engine_url.rstrip("/")
@@ -97,23 +114,67 @@ class OpenAIProxy:
         ]
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "/v1/completions")
+        return await self._traced(request, "/v1/completions", self._generate)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, "/v1/chat/completions")
+        return await self._traced(request, "/v1/chat/completions", self._generate)
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        self._tenant_of(request)
-        self._refuse_if_draining()
-        return await self._forward(request, "/v1/models", None, tenant=None, arrived=None)
+        return await self._traced(request, "/v1/models", self._models)
 
-    async def _generate(self, request: web.Request, path: str) -> web.StreamResponse:
+    async def _models(
+        self, request: web.Request, path: str, span: trace.Span
+    ) -> web.StreamResponse:
+        span.set_attribute("slotshift.tenant", self._tenant_of(request))
+        self._refuse_if_draining()
+        return await self._forward(request, path, None, tenant=None, arrived=None)
+
+    async def _traced(
+        self, request: web.Request, path: str, handler: _Handler
+    ) -> web.StreamResponse:
+        """Run `handler` in the request's server span, and record how the request ended."""
+        with self._tracer.start_as_current_span(
+            f"{request.method} {path}",
+            context=parent_from(request.headers),
+            kind=trace.SpanKind.SERVER,
+            attributes={
+                "http.request.method": request.method,
+                "http.route": path,
+                "slotshift.pool": self._state.pool_name,
+                "slotshift.gateway.id": self.gateway_id,
+            },
+            # 4xx answers are the client's errors, not the span's; set by hand below.
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                response = await handler(request, path, span)
+            except OpenAIError as error:
+                _record_status(span, error.status, error.code or error.error_type)
+                raise
+            except web.HTTPException as exc:
+                _record_status(span, exc.status, None)
+                raise
+            except asyncio.CancelledError:
+                span.set_attribute("error.type", "client_disconnected")
+                raise
+            except Exception as exc:
+                span.record_exception(exc)
+                _record_status(span, 500, type(exc).__name__)
+                raise
+            _record_status(span, response.status, None)
+            return response
+
+    async def _generate(
+        self, request: web.Request, path: str, span: trace.Span
+    ) -> web.StreamResponse:
         arrived = self._clock.monotonic()
         tenant = self._state.tenants[self._tenant_of(request)]
+        span.set_attribute("slotshift.tenant", tenant.name)
         self._refuse_if_draining()
         body = await self._read_body(request)
         _require_json_object(body)
-        async with await self._admit(tenant):
+        async with await self._admit(tenant, span):
             return await self._forward(request, path, body, tenant=tenant, arrived=arrived)
 
     def _tenant_of(self, request: web.Request) -> str:
@@ -154,7 +215,52 @@ class OpenAIProxy:
                 raise too_large
         return bytes(body)
 
-    async def _admit(self, tenant: TenantState) -> Slot:
+    async def _admit(self, tenant: TenantState, span: trace.Span) -> Slot:
+        """A slot for the request, waited for in a "queue wait" span; the request's span says
+        whether and under which allocation it was admitted, and links to that allocation's
+        decision."""
+        admission = tenant.admission
+        with self._tracer.start_as_current_span(
+            "queue wait",
+            attributes={
+                "slotshift.tenant": tenant.name,
+                "slotshift.tenant.limit_slots": admission.limit_slots,
+                "slotshift.tenant.in_flight": admission.in_flight,
+                "slotshift.tenant.queued": admission.queued,
+            },
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as waiting:
+            try:
+                slot = await self._acquire(tenant)
+            except OpenAIError as error:
+                rejected: dict[str, str | int] = {
+                    "slotshift.admission.outcome": "rejected",
+                    "slotshift.admission.rejection_reason": error.code or error.error_type,
+                    "slotshift.allocation.version": self._state.applied_version,
+                }
+                waiting.set_attributes(rejected)
+                waiting.set_status(trace.StatusCode.ERROR, error.code)
+                span.set_attributes(rejected)
+                raise
+        span.set_attributes(
+            {
+                "slotshift.admission.outcome": "admitted",
+                "slotshift.allocation.version": self._state.applied_version,
+                "slotshift.queue.wait_s": slot.queue_wait_s,
+            }
+        )
+        if tenant.decision is not None:
+            span.add_link(
+                tenant.decision,
+                {
+                    "slotshift.link": "admitted under this decision's allocation",
+                    "slotshift.allocation.version": self._state.applied_version,
+                },
+            )
+        return slot
+
+    async def _acquire(self, tenant: TenantState) -> Slot:
         try:
             slot = await tenant.admission.acquire()
         except QueueFull:
@@ -187,13 +293,46 @@ class OpenAIProxy:
         tenant: TenantState | None,
         arrived: float | None,
     ) -> web.StreamResponse:
+        url = self._engine_url + path
+        with self._tracer.start_as_current_span(
+            f"upstream {request.method} {path}",
+            kind=trace.SpanKind.CLIENT,
+            attributes={"http.request.method": request.method, "url.full": url},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                response = await self._call_engine(
+                    request, url, body, span, tenant=tenant, arrived=arrived
+                )
+            except OpenAIError as error:
+                _record_status(span, error.status, error.code or error.error_type, client=True)
+                raise
+            except asyncio.CancelledError:
+                span.set_attribute("error.type", "client_disconnected")
+                raise
+            return response
+
+    async def _call_engine(
+        self,
+        request: web.Request,
+        url: str,
+        body: bytes | None,
+        span: trace.Span,
+        *,
+        tenant: TenantState | None,
+        arrived: float | None,
+    ) -> web.StreamResponse:
         request_id = _request_id(request)
         headers = _forwardable(request.headers, _NOT_FORWARDED_UPSTREAM)
         headers["X-Request-Id"] = request_id
+        # The engine continues this trace (vLLM does with --otlp-traces-endpoint); the client's
+        # own traceparent, if any, is this span's ancestor.
+        inject_into(headers, span)
         try:
             upstream = await self._session.request(
                 request.method,
-                self._engine_url + path,
+                url,
                 data=body,
                 headers=headers,
                 timeout=self._upstream_timeout,
@@ -202,6 +341,7 @@ class OpenAIProxy:
             raise _upstream_timeout() from None
         except aiohttp.ClientError as exc:
             raise _upstream_failed(exc) from None
+        _record_status(span, upstream.status, None, client=True)
         try:
             if upstream.status == 200 and upstream.content_type == "text/event-stream":
                 return await self._relay_stream(request, upstream, request_id, tenant, arrived)
@@ -275,6 +415,18 @@ class OpenAIProxy:
         elapsed = self._clock.monotonic() - arrived
         tenant.e2e.observe(elapsed)
         self._metrics.observe_e2e_latency(tenant.name, elapsed)
+
+
+def _record_status(
+    span: trace.Span, status: int, error: str | None, *, client: bool = False
+) -> None:
+    """The HTTP status on a span; 5xx, and 4xx on a client span, mark it failed (the HTTP
+    semantic conventions); `error` is the gateway's error code when it answered itself."""
+    span.set_attribute("http.response.status_code", status)
+    if error is not None:
+        span.set_attribute("error.type", error)
+    if status >= 500 or (client and status >= 400):
+        span.set_status(trace.StatusCode.ERROR, error or str(status))
 
 
 def _require_json_object(body: bytes) -> None:

@@ -10,11 +10,16 @@ import logging
 import time
 from collections.abc import Callable
 
+from opentelemetry import trace
+from opentelemetry.context import Context
+
 from controlplane.core.policy import AllocationPolicy
 from controlplane.core.validation import InvalidAllocation, validate_limits
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
+from controlplane.decision_trace import DECISION_SPAN, describe, telemetry_links
 from controlplane.pool_state import PoolState
 from slotshift.clock import Clock
+from slotshift.trace_context import carrier_of
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +28,11 @@ DecisionObserver = Callable[[DecisionRecord], None]
 
 
 class DecisionLoop:
-    """Runs one pool's policy every `decision_period_s` against its PoolState."""
+    """Runs one pool's policy every `decision_period_s` against its PoolState.
+
+    Each decision is traced as a root span ("decision", see decision_trace.py) linked to the
+    telemetry report it used; the allocation it publishes is pushed under it.
+    """
 
     def __init__(
         self,
@@ -32,11 +41,13 @@ class DecisionLoop:
         *,
         clock: Clock,
         observers: list[DecisionObserver] | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.state = state
         self.policy = policy
         self._clock = clock
         self._observers = list(observers or [])
+        self._tracer = tracer if tracer is not None else trace.NoOpTracer()
 
     def decide_once(self, *, trigger: str = "period") -> DecisionRecord:
         """One decision, synchronously: the whole control step, testable without a loop.
@@ -44,7 +55,24 @@ class DecisionLoop:
         trigger: why the decision runs now ("period", or the fast path's reason).
         """
         state = self.state
+        telemetry = state.telemetry
+        with self._tracer.start_as_current_span(
+            DECISION_SPAN,
+            # An empty context: a decision is a trace of its own, whatever runs around it.
+            context=Context(),
+            links=telemetry_links(telemetry.trace_context if telemetry is not None else None),
+        ) as span:
+            limits_before = dict(state.allocation.tenant_limits)
+            record = self._decide(trigger, span)
+            describe(span, record, state.pool, limits_before)
+        for observer in self._observers:
+            observer(record)
+        return record
+
+    def _decide(self, trigger: str, span: trace.Span) -> DecisionRecord:
+        state = self.state
         pool = state.pool
+        trace_context = carrier_of(span)
         state.expire_leases()
         snapshot = state.snapshot()
         decision_id = state.decisions.next_id()
@@ -74,7 +102,9 @@ class DecisionLoop:
             reason = decision.reason
             if dict(decision.limits) != dict(state.allocation.tenant_limits):
                 previous = dict(state.allocation.tenant_limits)
-                state.apply_limits(decision.limits, decision_id, self.policy.name)
+                state.apply_limits(
+                    decision.limits, decision_id, self.policy.name, trace_context=trace_context
+                )
                 outcome = DecisionOutcome.PUBLISHED
                 logger.info(
                     "pool %s v%d: %s -> %s (%s)",
@@ -86,7 +116,7 @@ class DecisionLoop:
                 )
             else:
                 # The tenant limits hold, but drains may let grants move.
-                state.reconcile()
+                state.reconcile(trace_context=trace_context)
         duration_ms = (time.perf_counter() - started) * 1000
         record = DecisionRecord(
             id=decision_id,
@@ -104,8 +134,6 @@ class DecisionLoop:
             duration_ms=duration_ms,
         )
         state.decisions.append(record)
-        for observer in self._observers:
-            observer(record)
         return record
 
     async def run(self) -> None:

@@ -6,12 +6,20 @@ import asyncio
 
 from controlplane.server import ControlPlane
 from slotshift.config import SlotshiftConfig
+from slotshift.tracing import tracing_from_environment
+
+SERVICE_NAME = "slotshift-controlplane"
+"""The service name its spans carry unless OTEL_SERVICE_NAME says otherwise."""
 
 
 async def run(config: SlotshiftConfig, stop: asyncio.Event) -> None:
-    control_plane = ControlPlane(config)
-    await control_plane.start()
+    tracing = tracing_from_environment(SERVICE_NAME)
     try:
-        await stop.wait()
+        control_plane = ControlPlane(config, tracer_provider=tracing.provider)
+        await control_plane.start()
+        try:
+            await stop.wait()
+        finally:
+            await control_plane.stop()
     finally:
-        await control_plane.stop()
+        await tracing.shutdown()

@@ -97,6 +97,16 @@ class _PoolStateCollector(Collector):
             "The tenant's demand (in flight plus queued) summed over the gateways.",
             labels=["pool", "tenant"],
         )
+        in_flight = GaugeMetricFamily(
+            "slotshift_controlplane_requests_in_flight",
+            "The tenant's requests admitted and not finished, summed over the gateways' reports.",
+            labels=["pool", "tenant"],
+        )
+        queued = GaugeMetricFamily(
+            "slotshift_controlplane_requests_queued",
+            "The tenant's requests waiting for a slot, summed over the gateways' reports.",
+            labels=["pool", "tenant"],
+        )
         for name, state in self._pools.items():
             budget.add_metric([name], state.pool.budget_slots)
             version.add_metric([name], state.allocation.version)
@@ -109,5 +119,18 @@ class _PoolStateCollector(Collector):
             for tenant in state.pool.tenants:
                 limit.add_metric([name, tenant.name], state.allocation.tenant_limits[tenant.name])
                 nominal.add_metric([name, tenant.name], shares[tenant.name])
-                demand.add_metric([name, tenant.name], loads[tenant.name].demand_slots)
-        yield from (budget, version, gateways, telemetry_age, limit, nominal, demand)
+                load = loads[tenant.name]
+                demand.add_metric([name, tenant.name], load.demand_slots)
+                in_flight.add_metric([name, tenant.name], load.in_flight)
+                queued.add_metric([name, tenant.name], load.queued)
+        yield from (
+            budget,
+            version,
+            gateways,
+            telemetry_age,
+            limit,
+            nominal,
+            demand,
+            in_flight,
+            queued,
+        )

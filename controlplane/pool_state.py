@@ -57,25 +57,38 @@ class TelemetryRecord:
     gpu_available: bool
     gpu_emulated: bool
     gpu_utilization_pct: float
+    trace_context: Mapping[str, str] = field(default_factory=dict)
+    """W3C context of the agent's span that sent the report (decisions link to it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An allocation to send to one gateway, with the trace contexts it belongs to."""
+
+    allocation: Allocation
+    cause: Mapping[str, str] = field(default_factory=dict)
+    """W3C context of what published it (a decision, a gateway connecting): the push's parent."""
+    decision: Mapping[str, str] = field(default_factory=dict)
+    """W3C context of the decision whose tenant limits it carries; empty before the first."""
 
 
 class Mailbox:
     """The newest allocation waiting to be sent to one gateway; older unsent ones are dropped."""
 
     def __init__(self) -> None:
-        self._latest: Allocation | None = None
+        self._latest: Delivery | None = None
         self._ready = asyncio.Event()
         self._closed = False
 
-    def put(self, allocation: Allocation) -> None:
-        self._latest = allocation
+    def put(self, delivery: Delivery) -> None:
+        self._latest = delivery
         self._ready.set()
 
     def close(self) -> None:
         self._closed = True
         self._ready.set()
 
-    def take_nowait(self) -> Allocation | None:
+    def take_nowait(self) -> Delivery | None:
         """The waiting allocation, if any, without waiting; None when there is none."""
         if self._closed or self._latest is None:
             return None
@@ -83,7 +96,7 @@ class Mailbox:
         latest, self._latest = self._latest, None
         return latest
 
-    async def get(self) -> Allocation | None:
+    async def get(self) -> Delivery | None:
         """The next allocation to send; None once the mailbox is closed."""
         await self._ready.wait()
         self._ready.clear()
@@ -155,6 +168,13 @@ class PoolState:
             gateways={},
         )
         self._version = 0
+        self._holding_until_s = clock.monotonic() + gateway_lease_ttl_s
+        """Until then no gateway is granted more than it already enforces. A control plane that
+        has just started (or restarted) has not heard from every gateway yet: one it does not
+        know of may hold slots, and every live gateway reconnects within a lease."""
+        self._limits_trace_context: Mapping[str, str] = {}
+        """W3C context of the decision whose tenant limits are in force (empty: the nominal
+        shares, before any decision changed them)."""
         self._queued_before: dict[str, int] = {}
         self.decision_wanted = asyncio.Event()
         """Set when something calls for a decision before the next period (the fast path)."""
@@ -164,10 +184,16 @@ class PoolState:
     # Gateways -----------------------------------------------------------------------------
 
     def connect_gateway(
-        self, gateway_id: str, applied_version: int, usage: Mapping[str, TenantUsage]
+        self,
+        gateway_id: str,
+        applied_version: int,
+        usage: Mapping[str, TenantUsage],
+        *,
+        trace_context: Mapping[str, str] | None = None,
     ) -> GatewaySession:
         """Register a (re)connecting gateway; returns its session, whose mailbox gets every
-        allocation from now on (the current one first)."""
+        allocation from now on (the current one first). `trace_context` (W3C) is that of the
+        connection's span: the pushes it causes are its children."""
         session = GatewaySession(gateway_id=gateway_id, token=next(self._tokens))
         previous = self._gateways.get(gateway_id)
         if previous is not None:
@@ -185,7 +211,7 @@ class PoolState:
         self._version = max(self._version, applied_version)
         self._gateways[gateway_id] = record
         logger.info("gateway %s connected to pool %s", gateway_id, self.pool.name)
-        self.reconcile(resplit=True, force_publish=True)
+        self.reconcile(resplit=True, force_publish=True, trace_context=trace_context)
         return session
 
     def record_demand(
@@ -332,15 +358,37 @@ class PoolState:
             gpu_utilization_pct=record.gpu_utilization_pct,
         )
 
-    def apply_limits(self, limits: Mapping[str, int], decision_id: int, policy: str) -> bool:
-        """Adopt validated tenant limits; True when a new allocation was published."""
+    def apply_limits(
+        self,
+        limits: Mapping[str, int],
+        decision_id: int,
+        policy: str,
+        *,
+        trace_context: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Adopt validated tenant limits; True when a new allocation was published.
+
+        `trace_context` (W3C) is the decision's: every allocation that carries these limits, now
+        or when later re-grants publish it, is pushed under it.
+        """
         self.allocation = dataclasses.replace(
             self.allocation, tenant_limits=dict(limits), decision_id=decision_id, policy=policy
         )
+        self._limits_trace_context = dict(trace_context or {})
         return self.reconcile(resplit=True) is not None
 
-    def reconcile(self, *, resplit: bool = False, force_publish: bool = False) -> Allocation | None:
-        """Recompute what each gateway may admit; publish a new version if anything changed."""
+    def reconcile(
+        self,
+        *,
+        resplit: bool = False,
+        force_publish: bool = False,
+        trace_context: Mapping[str, str] | None = None,
+    ) -> Allocation | None:
+        """Recompute what each gateway may admit; publish a new version if anything changed.
+
+        `trace_context` (W3C) names what caused the change; by default the decision whose limits
+        are in force (re-grants as gateways drain carry on that decision's work).
+        """
         current = self.allocation
         connected = {g.gateway_id: g for g in self._gateways.values() if g.connected}
         demand = {
@@ -362,6 +410,13 @@ class PoolState:
             for gid, record in self._gateways.items()
             for tenant in self.pool.tenants
         }
+        if self._clock.monotonic() < self._holding_until_s:
+            cells = {
+                (gid, tenant): dataclasses.replace(
+                    cell, target=min(cell.target, self._gateways[gid].acked_limits.get(tenant, 0))
+                )
+                for (gid, tenant), cell in cells.items()
+            }
         grants = compute_grants(self.pool.budget_slots, cells)
         gateways = {
             gid: {
@@ -380,12 +435,17 @@ class PoolState:
         )
         self.allocation = published
         now = self._clock.monotonic()
+        delivery = Delivery(
+            published,
+            cause=dict(trace_context) if trace_context else self._limits_trace_context,
+            decision=self._limits_trace_context,
+        )
         for gid, record in connected.items():
             record.sent[published.version] = {
                 t: lim.limit_slots for t, lim in gateways[gid].items()
             }
             record.sent_at_s[published.version] = now
-            record.session.mailbox.put(published)
+            record.session.mailbox.put(delivery)
         return published
 
 

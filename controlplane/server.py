@@ -8,6 +8,7 @@ import logging
 import grpc
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.core.policies import make_policy
@@ -41,11 +42,22 @@ SERVICE_NAMES = (
 
 
 class ControlPlane:
-    """Owns the pools' state and everything that serves it."""
+    """Owns the pools' state and everything that serves it.
 
-    def __init__(self, config: SlotshiftConfig, *, clock: Clock | None = None) -> None:
+    tracer_provider: where its spans go (decisions, pushes, connections); no-op by default.
+    """
+
+    def __init__(
+        self,
+        config: SlotshiftConfig,
+        *,
+        clock: Clock | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
         self.config = config
         self._clock = clock or SystemClock()
+        provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
+        self._tracer = provider.get_tracer("slotshift.controlplane")
         settings = config.controlplane
         self.pools = {
             pool.name: PoolState(
@@ -64,6 +76,7 @@ class ControlPlane:
                 make_policy(state.pool.policy),
                 clock=self._clock,
                 observers=[self.metrics.observe_decision],
+                tracer=self._tracer,
             )
             for name, state in self.pools.items()
         }
@@ -82,11 +95,15 @@ class ControlPlane:
             AllocationQueryService(self.pools), server
         )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-            GatewayStreamService(self.pools, on_ack=self.metrics.observe_ack), server
+            GatewayStreamService(self.pools, on_ack=self.metrics.observe_ack, tracer=self._tracer),
+            server,
         )
         telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(
             TelemetryIngestService(
-                self.pools, self._clock, on_report=self.metrics.observe_telemetry
+                self.pools,
+                self._clock,
+                on_report=self.metrics.observe_telemetry,
+                tracer=self._tracer,
             ),
             server,
         )

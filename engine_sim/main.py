@@ -7,14 +7,25 @@ import logging
 
 from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig
+from slotshift.tracing import tracing_from_environment
 
 logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "slotshift-engine-sim"
+"""The service name its spans carry unless OTEL_SERVICE_NAME says otherwise."""
 
 
 async def run(config: SlotshiftConfig, stop: asyncio.Event) -> None:
     """Serve the emulator until `stop` is set, then drain (shutdown_grace_s) and stop."""
+    tracing = tracing_from_environment(SERVICE_NAME)
+    try:
+        await _serve(config, stop, EngineSim(config.engine_sim, tracer_provider=tracing.provider))
+    finally:
+        await tracing.shutdown()
+
+
+async def _serve(config: SlotshiftConfig, stop: asyncio.Event, sim: EngineSim) -> None:
     section = config.engine_sim
-    sim = EngineSim(section)
     await sim.start()
     try:
         logger.info(

@@ -13,6 +13,7 @@ import uuid
 from http import HTTPStatus
 
 from aiohttp import web
+from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine_sim import openai_api
@@ -22,6 +23,7 @@ from engine_sim.engine_loop import AsyncEngine, RequestStream
 from engine_sim.openai_api import ApiError, GenerationRequest, ResponseIdentity
 from engine_sim.profiles import EngineProfile
 from engine_sim.tokens import filler_token, pseudo_eos_position, seed_of
+from engine_sim.tracing import llm_request_span, record_finished
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import EngineSimConfig
@@ -31,10 +33,21 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 
 
 class EngineSim:
-    """An in-process vLLM emulator: start() on the configured host and port (0 picks one)."""
+    """An in-process vLLM emulator: start() on the configured host and port (0 picks one).
 
-    def __init__(self, config: EngineSimConfig, *, clock: Clock | None = None) -> None:
+    tracer_provider: where its "llm_request" spans go (see tracing.py); no-op by default.
+    """
+
+    def __init__(
+        self,
+        config: EngineSimConfig,
+        *,
+        clock: Clock | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
+    ) -> None:
         self._config = config
+        provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
+        self._tracer = provider.get_tracer("slotshift.engine_sim")
         self._clock: Clock = clock if clock is not None else SystemClock()
         self._engine = AsyncEngine(config, self._clock)
         self._supervisor = Supervisor("engine_sim")
@@ -228,21 +241,23 @@ class EngineSim:
             if generation.ignore_eos
             else pseudo_eos_position(seed, self._config.pseudo_eos_max_tokens)
         )
-        stream = self._engine.submit(
-            RequestSpec(request_id, generation.prompt_tokens, generation.max_tokens, stop_after)
-        )
-        identity = ResponseIdentity(
-            request_id, int(self._clock.wall()), self.profile.model_name, chat
-        )
-        reply = _Reply(identity, seed)
-        try:
-            if generation.stream:
-                return await reply.stream(request, generation, stream)
-            return await reply.collect(generation, stream)
-        finally:
-            # No-op when the request finished; otherwise its client is gone (or the handler
-            # was cancelled), and vLLM frees the request's batch slot and KV blocks at once.
-            self._engine.abort(request_id)
+        model = self.profile.model_name
+        with llm_request_span(
+            self._tracer, request.headers, request_id=request_id, model=model, generation=generation
+        ) as span:
+            stream = self._engine.submit(
+                RequestSpec(request_id, generation.prompt_tokens, generation.max_tokens, stop_after)
+            )
+            reply = _Reply(ResponseIdentity(request_id, int(self._clock.wall()), model, chat), seed)
+            try:
+                if generation.stream:
+                    return await reply.stream(request, generation, stream)
+                return await reply.collect(generation, stream)
+            finally:
+                # No-op when the request finished; otherwise its client is gone (or the handler
+                # was cancelled), and vLLM frees the request's batch slot and KV blocks at once.
+                self._engine.abort(request_id)
+                record_finished(span, stream.finished)
 
 
 class _Reply:

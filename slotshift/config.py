@@ -254,8 +254,9 @@ class GatewayConfig(_Model):
     reconnect_initial_s: PositiveSeconds = 0.2
     """First delay before reconnecting to the control plane; doubles up to reconnect_max_s."""
 
-    reconnect_max_s: PositiveSeconds = 5.0
-    """Longest delay between two reconnection attempts."""
+    reconnect_max_s: PositiveSeconds = 1.0
+    """Longest delay between two reconnection attempts. Short, so that a restarted control plane
+    hears from everyone within two decision periods; one attempt a second costs nothing."""
 
     upstream_timeout_s: PositiveSeconds = 600.0
     """Longest an upstream request may take, from admission to its last byte."""
@@ -302,8 +303,9 @@ class AgentConfig(_Model):
     reconnect_initial_s: PositiveSeconds = 0.2
     """First delay before reconnecting to the control plane; doubles up to reconnect_max_s."""
 
-    reconnect_max_s: PositiveSeconds = 5.0
-    """Longest delay between two reconnection attempts."""
+    reconnect_max_s: PositiveSeconds = 1.0
+    """Longest delay between two reconnection attempts. Short, so that a restarted control plane
+    hears from everyone within two decision periods; one attempt a second costs nothing."""
 
     metrics_port: Port = 9101
     """Port of the agent's own Prometheus /metrics endpoint; 0 picks one."""
@@ -394,6 +396,27 @@ class LocalStackConfig(_Model):
 
     ready_timeout_s: PositiveSeconds = 30.0
     """Seconds each service gets to become ready."""
+
+    engine: Literal["emulator", "vllm"] = "emulator"
+    """The engine `slotshift up` starts: the emulator (if start_engine_sim), or real vLLM on the
+    CPU with a tiny local model (slotshift/vllm_cpu; needs a checkout, builds its venv the first
+    time), which the gateways' pool and the agent are then pointed at."""
+
+    vllm_port: Port = 8000
+    """Port of the CPU vLLM server; 0 picks a free one."""
+
+    vllm_served_model_name: str = "slotshift/tiny-llama"
+    """The model name the CPU vLLM serves (clients put it in `model`)."""
+
+    vllm_max_num_seqs: Annotated[int, Field(ge=1)] = 64
+    """vLLM's --max-num-seqs: requests in one batch; beyond it requests wait inside vLLM."""
+
+    vllm_ready_timeout_s: PositiveSeconds = 120.0
+    """Seconds the CPU vLLM gets to answer /health (35-100 s here: the first start of a model
+    compiles it)."""
+
+    vllm_otlp_traces_endpoint: str | None = None
+    """vLLM's --otlp-traces-endpoint (OTLP/gRPC, e.g. http://127.0.0.1:4317); unset: no traces."""
 
 
 class SlotshiftConfig(_Model):

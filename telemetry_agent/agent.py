@@ -14,6 +14,8 @@ import random
 import socket
 from collections.abc import Mapping
 
+from opentelemetry import trace
+
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import AgentConfig
@@ -36,6 +38,7 @@ class TelemetryAgent:
 
     agent_id overrides the configured one; with neither, the host name is used. gpu_reader
     replaces NVML (tests pass a fake); clock and rng make time and jitter reproducible.
+    tracer_provider: where the spans of its stream go (each report sent); no-op by default.
     """
 
     def __init__(
@@ -46,11 +49,15 @@ class TelemetryAgent:
         gpu_reader: GpuReader | None = None,
         clock: Clock | None = None,
         rng: random.Random | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         self._config = config
         self.agent_id = agent_id or config.agent_id or socket.gethostname()
         self._clock: Clock = clock or SystemClock()
-        self.metrics = AgentMetrics()
+        self.last_report: telemetry_pb2.TelemetryReport | None = None
+        """The report built most recently (sent or not)."""
+        self.metrics = AgentMetrics(latest_report=lambda: self.last_report)
+        provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
         self._scraper = EngineScraper(
             config.engine_metrics_url, timeout_s=config.scrape_timeout_s, clock=self._clock
         )
@@ -62,14 +69,13 @@ class TelemetryAgent:
             clock=self._clock,
             metrics=self.metrics,
             rng=rng,
+            tracer=provider.get_tracer("slotshift.telemetry_agent"),
         )
         self._http = AgentHttpServer(
             self.metrics.registry, self._health, host=config.host, port=config.metrics_port
         )
         self._supervisor = Supervisor(f"telemetry_agent[{self.agent_id}]")
         self._serving = False
-        self.last_report: telemetry_pb2.TelemetryReport | None = None
-        """The report built most recently (sent or not)."""
 
     @property
     def metrics_port(self) -> int:

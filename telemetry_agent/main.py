@@ -6,9 +6,13 @@ import asyncio
 import logging
 
 from slotshift.config import ConfigError, SlotshiftConfig
+from slotshift.tracing import tracing_from_environment
 from telemetry_agent.agent import TelemetryAgent
 
 logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "slotshift-agent"
+"""The service name its spans carry unless OTEL_SERVICE_NAME says otherwise."""
 
 
 async def run(config: SlotshiftConfig, stop: asyncio.Event, *, agent_id: str | None = None) -> None:
@@ -23,7 +27,19 @@ async def run(config: SlotshiftConfig, stop: asyncio.Event, *, agent_id: str | N
         raise ConfigError(
             f"agent.pool {config.agent.pool!r} is not a configured pool ({known})"
         ) from exc
-    agent = TelemetryAgent(config.agent, agent_id=agent_id)
+    tracing = tracing_from_environment(SERVICE_NAME)
+    try:
+        await _serve(
+            config,
+            stop,
+            TelemetryAgent(config.agent, agent_id=agent_id, tracer_provider=tracing.provider),
+        )
+    finally:
+        await tracing.shutdown()
+    logger.info("telemetry_agent stopped")
+
+
+async def _serve(config: SlotshiftConfig, stop: asyncio.Event, agent: TelemetryAgent) -> None:
     await agent.start()
     try:
         logger.info(
@@ -41,4 +57,3 @@ async def run(config: SlotshiftConfig, stop: asyncio.Event, *, agent_id: str | N
         logger.info("telemetry_agent stopping")
     finally:
         await agent.stop()
-    logger.info("telemetry_agent stopped")

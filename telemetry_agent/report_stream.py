@@ -5,6 +5,9 @@ stream fails or the control plane ends it, wait (exponential backoff with jitter
 one. Each attempt gets a fresh channel, so this backoff is the only one in play (a long-lived
 channel would add gRPC's own reconnection backoff, up to two minutes, on top). Changes of state
 are logged once: connected, lost, unreachable; repeated failures go to DEBUG.
+
+Traces: each attempt is a "telemetry.connect" span whose context goes in the call's metadata;
+each report written is a "telemetry.send" span whose context goes in the report itself.
 """
 
 from __future__ import annotations
@@ -16,12 +19,16 @@ import random
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.context import Context
 
 from slotshift.clock import Clock
+from slotshift.trace_context import carrier_of, grpc_metadata
 from slotshift.v1 import telemetry_pb2, telemetry_pb2_grpc
 from telemetry_agent.agent_metrics import AgentMetrics
 from telemetry_agent.backoff import Backoff
 from telemetry_agent.latest_report import LatestReport
+from telemetry_agent.report_trace import SEND_SPAN, report_attributes
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +58,10 @@ class TelemetryStream:
         clock: Clock,
         metrics: AgentMetrics,
         rng: random.Random | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._target = target
+        self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._backoff = Backoff(reconnect_initial_s, reconnect_max_s, rng or random.Random())
         self._reconnect_max_s = reconnect_max_s
         # A stream that stayed open this long counts as healthy and resets the backoff, so a
@@ -108,14 +117,32 @@ class TelemetryStream:
 
     async def _stream_once(self) -> _StreamOutcome:
         opened_at: float | None = None
+        connecting = self._tracer.start_span(
+            "telemetry.connect",
+            context=Context(),
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                "rpc.system": "grpc",
+                "rpc.method": "slotshift.v1.TelemetryService/StreamTelemetry",
+                "server.address": self._target,
+            },
+        )
         async with grpc.aio.insecure_channel(self._target) as channel:
             stub = telemetry_pb2_grpc.TelemetryServiceStub(channel)
             # Without a request iterator grpc.aio hands back a call to write() to (its write API);
             # the stubs only describe the iterator form.
-            call = stub.StreamTelemetry()  # type: ignore[call-arg]
+            call = stub.StreamTelemetry(  # type: ignore[call-arg]
+                metadata=grpc_metadata(carrier_of(connecting))
+            )
             call.add_done_callback(lambda _call: self._latest.interrupt())
             try:
-                await call.wait_for_connection()
+                try:
+                    await call.wait_for_connection()
+                except grpc.aio.AioRpcError as exc:
+                    connecting.set_status(trace.StatusCode.ERROR, exc.code().name)
+                    raise
+                finally:
+                    connecting.end()
                 opened_at = self._clock.monotonic()
                 self._set_connected()
                 await self._write_reports(call)
@@ -146,12 +173,24 @@ class TelemetryStream:
             if call.done():
                 self._latest.put_back(report)
                 return
-            try:
-                await call.write(report)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                # The call has ended; awaiting it tells how. The report waits for the next one.
-                self._latest.put_back(report)
-                return
+            with self._tracer.start_as_current_span(
+                SEND_SPAN,
+                # A root: each report is a fact of its own, which decisions link to.
+                context=Context(),
+                kind=trace.SpanKind.PRODUCER,
+                attributes=report_attributes(report),
+            ) as span:
+                outgoing = telemetry_pb2.TelemetryReport()
+                outgoing.CopyFrom(report)
+                outgoing.trace_context.update(carrier_of(span))
+                try:
+                    await call.write(outgoing)
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                    # The call has ended; awaiting it tells how. The report waits for the next
+                    # one (and gets a new span then).
+                    span.set_status(trace.StatusCode.ERROR, type(exc).__name__)
+                    self._latest.put_back(report)
+                    return
             self._metrics.reports_sent.inc()
 
     def _set_connected(self) -> None:

@@ -6,9 +6,16 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
+from opentelemetry import trace
 
-from controlplane.pool_state import GatewaySession, PoolState
+from controlplane.pool_state import Delivery, GatewaySession, PoolState
 from controlplane.service import convert
+from slotshift.trace_context import (
+    DECISION_TRACEPARENT,
+    carrier_from_grpc_metadata,
+    carrier_of,
+    parent_from,
+)
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
 
 AckObserver = Callable[[str, float], None]
@@ -18,11 +25,24 @@ AckObserver = Callable[[str, float], None]
 class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
     """One Connect call per gateway connection: a reader takes reports and acknowledgements into
     the pool's state; a writer sends every allocation that lands in the session's mailbox. When
-    either side ends, the other is stopped and the gateway is marked disconnected."""
+    either side ends, the other is stopped and the gateway is marked disconnected.
 
-    def __init__(self, pools: Mapping[str, PoolState], on_ack: AckObserver | None = None) -> None:
+    Traces: the hello is handled in a "gateway.connect" span, the child of the gateway's own
+    connect span when the call's metadata carries its traceparent; each allocation sent is an
+    "allocation.push" span, the child of what published it (a decision, a connection), whose
+    context travels in `AllocationUpdate.trace_context` to the gateway.
+    """
+
+    def __init__(
+        self,
+        pools: Mapping[str, PoolState],
+        on_ack: AckObserver | None = None,
+        *,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self._pools = pools
         self._on_ack = on_ack
+        self._tracer = tracer if tracer is not None else trace.NoOpTracer()
 
     # Written with context.write rather than as a generator, so that reading and writing run
     # side by side; the generated base class only knows the generator form.
@@ -49,9 +69,22 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             )
         assert state is not None  # abort raises; this tells the type checker
         known = {t.name for t in state.pool.tenants}
-        session = state.connect_gateway(
-            hello.gateway_id, hello.applied_version, convert.usage_from_proto(hello.tenants, known)
-        )
+        with self._tracer.start_as_current_span(
+            "gateway.connect",
+            context=parent_from(carrier_from_grpc_metadata(context.invocation_metadata())),
+            kind=trace.SpanKind.SERVER,
+            attributes={
+                "slotshift.pool": hello.pool,
+                "slotshift.gateway.id": hello.gateway_id,
+                "slotshift.allocation.applied_version": hello.applied_version,
+            },
+        ) as span:
+            session = state.connect_gateway(
+                hello.gateway_id,
+                hello.applied_version,
+                convert.usage_from_proto(hello.tenants, known),
+                trace_context=carrier_of(span),
+            )
         reader = asyncio.create_task(
             self._read(state, session, request_iterator, known),
             name=f"gateway-reader/{hello.gateway_id}",
@@ -99,13 +132,41 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         session: GatewaySession,
         context: grpc.aio.ServicerContext[object, object],
     ) -> None:
-        while (allocation := await session.mailbox.get()) is not None:
-            update = gateway_pb2.AllocationUpdate(
-                pool=allocation.pool,
-                gateway_id=session.gateway_id,
-                version=allocation.version,
-                decision_id=allocation.decision_id,
-                budget_slots=allocation.budget_slots,
-                tenants=convert.gateway_limits_to_proto(allocation, session.gateway_id),
-            )
+        while (delivery := await session.mailbox.get()) is not None:
+            await self._push(delivery, session.gateway_id, context)
+
+    async def _push(
+        self,
+        delivery: Delivery,
+        gateway_id: str,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> None:
+        allocation = delivery.allocation
+        update = gateway_pb2.AllocationUpdate(
+            pool=allocation.pool,
+            gateway_id=gateway_id,
+            version=allocation.version,
+            decision_id=allocation.decision_id,
+            budget_slots=allocation.budget_slots,
+            tenants=convert.gateway_limits_to_proto(allocation, gateway_id),
+        )
+        attributes: dict[str, str | int] = {
+            "slotshift.pool": allocation.pool,
+            "slotshift.gateway.id": gateway_id,
+            "slotshift.allocation.version": allocation.version,
+            "slotshift.decision.id": allocation.decision_id,
+        }
+        for limit in update.tenants:
+            attributes[f"slotshift.allocation.{limit.tenant}.limit_slots"] = limit.limit_slots
+            attributes[f"slotshift.allocation.{limit.tenant}.target_slots"] = limit.target_slots
+        with self._tracer.start_as_current_span(
+            "allocation.push",
+            context=parent_from(delivery.cause),
+            kind=trace.SpanKind.PRODUCER,
+            attributes=attributes,
+        ) as span:
+            update.trace_context.update(carrier_of(span))
+            decision = delivery.decision.get("traceparent")
+            if decision:
+                update.trace_context[DECISION_TRACEPARENT] = decision
             await context.write(gateway_pb2.ControlMessage(allocation=update))

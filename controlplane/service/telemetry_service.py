@@ -5,22 +5,31 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
+from opentelemetry import trace
 
 from controlplane.pool_state import PoolState, TelemetryRecord
 from slotshift.clock import Clock
+from slotshift.trace_context import carrier_from_grpc_metadata, parent_from
 from slotshift.v1 import telemetry_pb2, telemetry_pb2_grpc
 
 
 class TelemetryIngestService(telemetry_pb2_grpc.TelemetryServiceServicer):
+    """Keeps each pool's latest report, with the trace context it was sent under (decisions link
+    to it). A stream's opening is a "telemetry.connect" span, the child of the agent's own connect
+    span when the call's metadata carries its traceparent; it ends with the first report."""
+
     def __init__(
         self,
         pools: Mapping[str, PoolState],
         clock: Clock,
         on_report: Callable[[str], None] | None = None,
+        *,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self._pools = pools
         self._clock = clock
         self._on_report = on_report
+        self._tracer = tracer if tracer is not None else trace.NoOpTracer()
 
     async def StreamTelemetry(
         self,
@@ -28,18 +37,34 @@ class TelemetryIngestService(telemetry_pb2_grpc.TelemetryServiceServicer):
         context: grpc.aio.ServicerContext[object, object],
     ) -> telemetry_pb2.TelemetryStreamSummary:
         received = 0
-        async for report in request_iterator:
-            state = self._pools.get(report.pool)
-            if state is None:
-                await context.abort(
-                    grpc.StatusCode.NOT_FOUND,
-                    f"pool: no pool {report.pool!r} (known: {sorted(self._pools)})",
-                )
-                return telemetry_pb2.TelemetryStreamSummary()
-            state.record_telemetry(self._record(report))
-            received += 1
-            if self._on_report is not None:
-                self._on_report(report.pool)
+        opening: trace.Span | None = self._tracer.start_span(
+            "telemetry.connect",
+            context=parent_from(carrier_from_grpc_metadata(context.invocation_metadata())),
+            kind=trace.SpanKind.SERVER,
+        )
+        try:
+            async for report in request_iterator:
+                if opening is not None:
+                    opening.set_attributes(
+                        {"slotshift.pool": report.pool, "slotshift.agent.id": report.agent_id}
+                    )
+                state = self._pools.get(report.pool)
+                if state is None:
+                    await context.abort(
+                        grpc.StatusCode.NOT_FOUND,
+                        f"pool: no pool {report.pool!r} (known: {sorted(self._pools)})",
+                    )
+                    return telemetry_pb2.TelemetryStreamSummary()
+                state.record_telemetry(self._record(report))
+                received += 1
+                if self._on_report is not None:
+                    self._on_report(report.pool)
+                if opening is not None:
+                    opening.end()
+                    opening = None
+        finally:
+            if opening is not None:
+                opening.end()
         return telemetry_pb2.TelemetryStreamSummary(reports_received=received)
 
     def _record(self, report: telemetry_pb2.TelemetryReport) -> TelemetryRecord:
@@ -56,4 +81,5 @@ class TelemetryIngestService(telemetry_pb2_grpc.TelemetryServiceServicer):
             and bool(gpus),
             gpu_emulated=report.gpu_source == telemetry_pb2.GPU_SOURCE_EMULATED,
             gpu_utilization_pct=sum(g.utilization_pct for g in gpus) / len(gpus) if gpus else 0.0,
+            trace_context=dict(report.trace_context),
         )

@@ -217,7 +217,10 @@ class AllocationUpdate(_message.Message):
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_allocation_pb2.GatewayTenantLimit]: ...
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
-        """W3C trace context of the publishing decision (traceparent, tracestate)."""
+        """W3C trace context of the publishing decision (traceparent, tracestate): `traceparent` names
+        the control plane's push of this update, a child of the decision's span;
+        `slotshift-decision-traceparent` names the decision whose tenant limits the update carries.
+        """
 
     def __init__(
         self,

@@ -26,23 +26,27 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from slotshift.v1 import common_pb2 as slotshift_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cslotshift/v1/telemetry.proto\x12\x0cslotshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19slotshift/v1/common.proto\"\x86\x01\n\tGpuSample\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x17\n\x0futilization_pct\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x03\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x03\"\xad\x02\n\x0c\x45ngineSample\x12\x11\n\tscrape_ok\x18\x01 \x01(\x08\x12\x14\n\x0cscrape_error\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x1c\n\x14num_requests_running\x18\x04 \x01(\x01\x12\x1c\n\x14num_requests_waiting\x18\x05 \x01(\x01\x12\x1b\n\x13kv_cache_usage_perc\x18\x06 \x01(\x01\x12*\n\x04ttft\x18\x07 \x01(\x0b\x32\x1c.slotshift.v1.LatencySummary\x12\x1b\n\x13prompt_tokens_total\x18\x08 \x01(\x01\x12\x1f\n\x17generation_tokens_total\x18\t \x01(\x01\x12\x1d\n\x15num_preemptions_total\x18\n \x01(\x01\"\x82\x02\n\x0fTelemetryReport\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12/\n\x0bobserved_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\ngpu_source\x18\x04 \x01(\x0e\x32\x17.slotshift.v1.GpuSource\x12\x1e\n\x16gpu_unavailable_reason\x18\x05 \x01(\t\x12%\n\x04gpus\x18\x06 \x03(\x0b\x32\x17.slotshift.v1.GpuSample\x12*\n\x06\x65ngine\x18\x07 \x01(\x0b\x32\x1a.slotshift.v1.EngineSample\"2\n\x16TelemetryStreamSummary\x12\x18\n\x10reports_received\x18\x01 \x01(\x03*q\n\tGpuSource\x12\x1a\n\x16GPU_SOURCE_UNSPECIFIED\x10\x00\x12\x13\n\x0fGPU_SOURCE_NVML\x10\x01\x12\x1a\n\x16GPU_SOURCE_UNAVAILABLE\x10\x02\x12\x17\n\x13GPU_SOURCE_EMULATED\x10\x03\x32l\n\x10TelemetryService\x12X\n\x0fStreamTelemetry\x12\x1d.slotshift.v1.TelemetryReport\x1a$.slotshift.v1.TelemetryStreamSummary(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cslotshift/v1/telemetry.proto\x12\x0cslotshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19slotshift/v1/common.proto\"\x86\x01\n\tGpuSample\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x17\n\x0futilization_pct\x18\x04 \x01(\x01\x12\x19\n\x11memory_used_bytes\x18\x05 \x01(\x03\x12\x1a\n\x12memory_total_bytes\x18\x06 \x01(\x03\"\xad\x02\n\x0c\x45ngineSample\x12\x11\n\tscrape_ok\x18\x01 \x01(\x08\x12\x14\n\x0cscrape_error\x18\x02 \x01(\t\x12\x12\n\nmodel_name\x18\x03 \x01(\t\x12\x1c\n\x14num_requests_running\x18\x04 \x01(\x01\x12\x1c\n\x14num_requests_waiting\x18\x05 \x01(\x01\x12\x1b\n\x13kv_cache_usage_perc\x18\x06 \x01(\x01\x12*\n\x04ttft\x18\x07 \x01(\x0b\x32\x1c.slotshift.v1.LatencySummary\x12\x1b\n\x13prompt_tokens_total\x18\x08 \x01(\x01\x12\x1f\n\x17generation_tokens_total\x18\t \x01(\x01\x12\x1d\n\x15num_preemptions_total\x18\n \x01(\x01\"\xff\x02\n\x0fTelemetryReport\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x10\n\x08\x61gent_id\x18\x02 \x01(\t\x12/\n\x0bobserved_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\ngpu_source\x18\x04 \x01(\x0e\x32\x17.slotshift.v1.GpuSource\x12\x1e\n\x16gpu_unavailable_reason\x18\x05 \x01(\t\x12%\n\x04gpus\x18\x06 \x03(\x0b\x32\x17.slotshift.v1.GpuSample\x12*\n\x06\x65ngine\x18\x07 \x01(\x0b\x32\x1a.slotshift.v1.EngineSample\x12\x46\n\rtrace_context\x18\x08 \x03(\x0b\x32/.slotshift.v1.TelemetryReport.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"2\n\x16TelemetryStreamSummary\x12\x18\n\x10reports_received\x18\x01 \x01(\x03*q\n\tGpuSource\x12\x1a\n\x16GPU_SOURCE_UNSPECIFIED\x10\x00\x12\x13\n\x0fGPU_SOURCE_NVML\x10\x01\x12\x1a\n\x16GPU_SOURCE_UNAVAILABLE\x10\x02\x12\x17\n\x13GPU_SOURCE_EMULATED\x10\x03\x32l\n\x10TelemetryService\x12X\n\x0fStreamTelemetry\x12\x1d.slotshift.v1.TelemetryReport\x1a$.slotshift.v1.TelemetryStreamSummary(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'slotshift.v1.telemetry_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GPUSOURCE']._serialized_start=860
-  _globals['_GPUSOURCE']._serialized_end=973
+  _globals['_TELEMETRYREPORT_TRACECONTEXTENTRY']._loaded_options = None
+  _globals['_TELEMETRYREPORT_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_GPUSOURCE']._serialized_start=985
+  _globals['_GPUSOURCE']._serialized_end=1098
   _globals['_GPUSAMPLE']._serialized_start=107
   _globals['_GPUSAMPLE']._serialized_end=241
   _globals['_ENGINESAMPLE']._serialized_start=244
   _globals['_ENGINESAMPLE']._serialized_end=545
   _globals['_TELEMETRYREPORT']._serialized_start=548
-  _globals['_TELEMETRYREPORT']._serialized_end=806
-  _globals['_TELEMETRYSTREAMSUMMARY']._serialized_start=808
-  _globals['_TELEMETRYSTREAMSUMMARY']._serialized_end=858
-  _globals['_TELEMETRYSERVICE']._serialized_start=975
-  _globals['_TELEMETRYSERVICE']._serialized_end=1083
+  _globals['_TELEMETRYREPORT']._serialized_end=931
+  _globals['_TELEMETRYREPORT_TRACECONTEXTENTRY']._serialized_start=880
+  _globals['_TELEMETRYREPORT_TRACECONTEXTENTRY']._serialized_end=931
+  _globals['_TELEMETRYSTREAMSUMMARY']._serialized_start=933
+  _globals['_TELEMETRYSTREAMSUMMARY']._serialized_end=983
+  _globals['_TELEMETRYSERVICE']._serialized_start=1100
+  _globals['_TELEMETRYSERVICE']._serialized_end=1208
 # @@protoc_insertion_point(module_scope)

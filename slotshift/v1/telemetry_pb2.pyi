@@ -139,6 +139,26 @@ Global___EngineSample: _TypeAlias = EngineSample  # noqa: Y015
 class TelemetryReport(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class TraceContextEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     POOL_FIELD_NUMBER: _builtins.int
     AGENT_ID_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
@@ -146,6 +166,7 @@ class TelemetryReport(_message.Message):
     GPU_UNAVAILABLE_REASON_FIELD_NUMBER: _builtins.int
     GPUS_FIELD_NUMBER: _builtins.int
     ENGINE_FIELD_NUMBER: _builtins.int
+    TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     agent_id: _builtins.str
     gpu_source: Global___GpuSource.ValueType
@@ -156,6 +177,12 @@ class TelemetryReport(_message.Message):
     def gpus(self) -> _containers.RepeatedCompositeFieldContainer[Global___GpuSample]: ...
     @_builtins.property
     def engine(self) -> Global___EngineSample: ...
+    @_builtins.property
+    def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """W3C trace context (traceparent, tracestate) of the agent's span that sent this report; the
+        control plane's decisions that use the report link to it.
+        """
+
     def __init__(
         self,
         *,
@@ -166,10 +193,11 @@ class TelemetryReport(_message.Message):
         gpu_unavailable_reason: _builtins.str = ...,
         gpus: _abc.Iterable[Global___GpuSample] | None = ...,
         engine: Global___EngineSample | None = ...,
+        trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["engine", b"engine", "observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "engine", b"engine", "gpu_source", b"gpu_source", "gpu_unavailable_reason", b"gpu_unavailable_reason", "gpus", b"gpus", "observed_at", b"observed_at", "pool", b"pool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_id", b"agent_id", "engine", b"engine", "gpu_source", b"gpu_source", "gpu_unavailable_reason", b"gpu_unavailable_reason", "gpus", b"gpus", "observed_at", b"observed_at", "pool", b"pool", "trace_context", b"trace_context"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -3,12 +3,14 @@ ports, as real processes."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +32,19 @@ class RunningStack:
     gateway_urls: list[str]
     engine_url: str
     decision_period_s: float
+    controlplane_metrics_url: str
+    agent_metrics_url: str
+
+    @property
+    def metrics_urls(self) -> dict[str, str]:
+        """Every service's Prometheus endpoint, by service."""
+        return {
+            "controlplane": self.controlplane_metrics_url,
+            "gateway-0": f"{self.gateway_urls[0]}/metrics",
+            "gateway-1": f"{self.gateway_urls[1]}/metrics",
+            "agent": self.agent_metrics_url,
+            "engine": f"{self.engine_url}/metrics",
+        }
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -54,11 +69,18 @@ def _grpc_serving(target: str) -> bool:
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
-@pytest.fixture(scope="module")
-def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+@contextmanager
+def running_stack(
+    log_dir: Path,
+    *,
+    environment: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    period_s: float = 1.0,
+) -> Iterator[RunningStack]:
+    """`slotshift up` on free ports, with extra environment variables and config overrides;
+    ready when it yields, stopped (and checked to stop cleanly) after."""
     engine, cp, cp_metrics, agent_metrics, gw0, gw1 = (free_port() for _ in range(6))
-    period_s = 1.0
-    overrides = {
+    settings: dict[str, object] = {
         "engine_sim.port": engine,
         "pools.0.engine_url": f"http://127.0.0.1:{engine}",
         "pools.0.decision_period_s": period_s,
@@ -69,13 +91,20 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSta
         "agent.engine_metrics_url": f"http://127.0.0.1:{engine}/metrics",
         "agent.metrics_port": agent_metrics,
         "local_stack.gateway_ports": f"[{gw0}, {gw1}]",
+        **(overrides or {}),
     }
     command = [sys.executable, "-m", "slotshift", "up", "--config", str(DEMO_CONFIG)]
-    for key, value in overrides.items():
+    for key, value in settings.items():
         command += ["--set", f"{key}={value}"]
-    log = tmp_path_factory.mktemp("stack") / "slotshift-up.log"
+    log = log_dir / "slotshift-up.log"
     with log.open("wb") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT)
+        process = subprocess.Popen(
+            command,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(environment or {})},
+        )
     stack = RunningStack(
         process=process,
         log=log,
@@ -83,6 +112,8 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSta
         gateway_urls=[f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"],
         engine_url=f"http://127.0.0.1:{engine}",
         decision_period_s=period_s,
+        controlplane_metrics_url=f"http://127.0.0.1:{cp_metrics}/metrics",
+        agent_metrics_url=f"http://127.0.0.1:{agent_metrics}/metrics",
     )
     try:
         wait_until_sync(
@@ -108,3 +139,10 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSta
                 process.kill()
                 process.wait()
     assert process.returncode == 0, f"slotshift up did not stop cleanly:\n{stack.log_tail()}"
+
+
+@pytest.fixture(scope="module")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """The local stack as the demo config describes it, one per test module."""
+    with running_stack(tmp_path_factory.mktemp("stack")) as stack:
+        yield stack

@@ -152,29 +152,16 @@ def test_backlogged_tenant_gains_slots_from_an_idle_one_within_two_periods(
                 model=MODEL, prompt="batch", max_tokens=64, extra_body={"ignore_eos": True}
             )
 
-    def b_backlogged() -> bool:
-        tenants = json.loads(
-            grpcurl(
-                local_stack,
-                "slotshift.v1.AllocationService/ListTenants",
-                data='{"pool": "default"}',
-            )
-        )["tenants"]
-        b = next(t for t in tenants if t["allocation"]["tenant"] == "B")
-        return int(b.get("queued", 0)) > 0
-
     workers = [threading.Thread(target=backlog, args=(c,), name="backlog") for c in clients]
     for worker in workers:
         worker.start()
+    backlog_started = time.monotonic()
     try:
-        wait_until_sync(
-            b_backlogged, timeout_s=20, message="B's backlog to show at the control plane"
-        )
-        backlog_seen = time.monotonic()
-        # Two periods, plus one report interval and a grpcurl round trip of slack.
-        allowed_s = 2 * local_stack.decision_period_s + 0.5
+        # Two periods, plus slack for one report interval, the clients' ramp-up and grpcurl's own
+        # round trips (a few hundred milliseconds each).
+        allowed_s = 2 * local_stack.decision_period_s + 1.0
         wait_until_sync(lambda: limits()["B"] > 48, timeout_s=allowed_s, message="B to gain slots")
-        assert time.monotonic() - backlog_seen <= allowed_s
+        assert time.monotonic() - backlog_started <= allowed_s
         decisions = json.loads(
             grpcurl(
                 local_stack,

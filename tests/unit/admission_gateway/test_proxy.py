@@ -151,7 +151,7 @@ async def test_a_client_leaving_while_queued_leaves_the_queue(
     assert (admission.abandoned_total, admission.admitted_total) == (1, 0)
     async with http.get(gateway.url + "/metrics") as response:
         lines = (await response.text()).splitlines()
-    assert 'slotshift_gateway_abandoned_total{pool="p",tenant="A"} 1.0' in lines
+    assert 'slotshift_gateway_requests_abandoned_total{pool="p",tenant="A"} 1.0' in lines
 
 
 async def test_headers_are_cleaned_and_a_request_id_added(
@@ -339,11 +339,11 @@ async def test_metrics_show_limits_usage_and_rejections(
         'slotshift_gateway_tenant_limit_slots{pool="p",tenant="A"} 0.0',
         'slotshift_gateway_tenant_limit_slots{pool="p",tenant="B"} 5.0',
         'slotshift_gateway_tenant_target_slots{pool="p",tenant="B"} 5.0',
-        'slotshift_gateway_tenant_in_flight{pool="p",tenant="A"} 0.0',
-        'slotshift_gateway_tenant_queued{pool="p",tenant="A"} 0.0',
-        'slotshift_gateway_admitted_total{pool="p",tenant="A"} 1.0',
-        'slotshift_gateway_completed_total{pool="p",tenant="A"} 1.0',
-        'slotshift_gateway_rejected_total{pool="p",reason="queue_full",tenant="A"} 1.0',
+        'slotshift_gateway_requests_in_flight{pool="p",tenant="A"} 0.0',
+        'slotshift_gateway_requests_queued{pool="p",tenant="A"} 0.0',
+        'slotshift_gateway_requests_admitted_total{pool="p",tenant="A"} 1.0',
+        'slotshift_gateway_requests_completed_total{pool="p",tenant="A"} 1.0',
+        'slotshift_gateway_requests_rejected_total{pool="p",reason="queue_full",tenant="A"} 1.0',
         'slotshift_gateway_queue_wait_seconds_count{pool="p",tenant="A"} 1.0',
         'slotshift_gateway_allocation_version{pool="p"} 7.0',
         'slotshift_gateway_controlplane_connected{pool="p"} 0.0',

@@ -69,14 +69,17 @@ class SimGateway:
                 self.in_flight[tenant] += 1
 
 
-def _state(clock: ManualClock) -> PoolState:
-    return PoolState(
+def _state(clock: ManualClock, *, past_startup_hold: bool = True) -> PoolState:
+    state = PoolState(
         POOL,
         clock=clock,
         gateway_lease_ttl_s=6.0,
         telemetry_stale_after_s=5.0,
         decision_log_size=64,
     )
+    if past_startup_hold:
+        clock.advance(6.0)
+    return state
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -253,3 +256,32 @@ async def test_decision_loop_reacts_to_the_fast_path_before_the_period() -> None
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def test_a_restarted_control_plane_grants_nothing_above_what_gateways_enforce_for_a_lease() -> None:
+    """Two gateways hold the whole budget between them when the control plane restarts. The one
+    that reconnects first must not be granted the other's slots: the new control plane does not
+    know of the other yet."""
+    clock = ManualClock()
+    state = _state(clock, past_startup_hold=False)
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    first = SimGateway("first", {"A": 4, "B": 44}, applied_version=30)
+    first.queued["B"] = 200
+    first.in_flight["B"] = 44
+    first.connect(state)
+    loop.decide_once()
+    assert first.apply_pending(state)
+    assert first.limits["B"] <= 44, "only what it enforced before the restart"
+    late = SimGateway("late", {"A": 4, "B": 44}, applied_version=30)
+    late.in_flight["B"] = 44
+    late.connect(state)
+    clock.advance(6.0)
+    first.apply_pending(state)
+    late.apply_pending(state)
+    assert first.session is not None and late.session is not None
+    state.record_demand(first.session, first.applied_version, first.usage())
+    loop.decide_once()
+    first.apply_pending(state)
+    late.apply_pending(state)
+    total = sum(first.limits.values()) + sum(late.limits.values())
+    assert total <= POOL.budget_slots

@@ -17,6 +17,8 @@ class RecordingTelemetry(telemetry_pb2_grpc.TelemetryServiceServicer):
         self.reports: list[telemetry_pb2.TelemetryReport] = []
         self.streams_opened = 0
         self.streams_closed_by_client = 0
+        self.stream_metadata: list[dict[str, str]] = []
+        """The text metadata each stream was opened with."""
 
     async def StreamTelemetry(
         self,
@@ -24,6 +26,9 @@ class RecordingTelemetry(telemetry_pb2_grpc.TelemetryServiceServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> telemetry_pb2.TelemetryStreamSummary:
         self.streams_opened += 1
+        self.stream_metadata.append(
+            {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}
+        )
         received = 0
         async for report in request_iterator:
             self.reports.append(report)
