@@ -39,6 +39,8 @@ class DecisionRecord:
     outputs: Mapping[str, int]
     """The tenant limits in force after the decision."""
     duration_ms: float
+    fallback: str | None = None
+    """Why the policy fell back from its primary source (the agent's answer), if it did."""
 
 
 class DecisionLog:

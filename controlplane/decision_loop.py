@@ -6,14 +6,17 @@ An invalid or failed decision keeps the last good allocation and is logged as re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 
 from controlplane.core.policy import AllocationPolicy
+from controlplane.core.snapshot import Advice, PoolSnapshot
 from controlplane.core.validation import InvalidAllocation, validate_limits
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
 from controlplane.decision_trace import DECISION_SPAN, describe, telemetry_links
@@ -25,6 +28,13 @@ logger = logging.getLogger(__name__)
 
 DecisionObserver = Callable[[DecisionRecord], None]
 """Called with every decision record (metrics hook it)."""
+
+
+class Advisor(Protocol):
+    """An outside decision function the loop asks before a policy that needs advice decides
+    (controlplane/agent_advisor.py). It must answer within its own deadline and never raise."""
+
+    async def advise(self, snapshot: PoolSnapshot) -> Advice: ...
 
 
 class DecisionLoop:
@@ -42,17 +52,31 @@ class DecisionLoop:
         clock: Clock,
         observers: list[DecisionObserver] | None = None,
         tracer: trace.Tracer | None = None,
+        advisor: Advisor | None = None,
     ) -> None:
+        if policy.needs_advice and advisor is None:
+            raise ValueError(f"policy {policy.name} needs an advisor")
         self.state = state
         self.policy = policy
+        self._advisor = advisor
         self._clock = clock
         self._observers = list(observers or [])
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
 
-    def decide_once(self, *, trigger: str = "period") -> DecisionRecord:
+    async def decide(self, *, trigger: str = "period") -> DecisionRecord:
+        """Gather (the advisor's answer, when the policy needs one), then decide_once."""
+        advice = None
+        if self.policy.needs_advice and self._advisor is not None:
+            advice = await self._advisor.advise(self.state.snapshot())
+        return self.decide_once(trigger=trigger, advice=advice)
+
+    def decide_once(
+        self, *, trigger: str = "period", advice: Advice | None = None
+    ) -> DecisionRecord:
         """One decision, synchronously: the whole control step, testable without a loop.
 
         trigger: why the decision runs now ("period", or the fast path's reason).
+        advice: the advisor's answer, gathered before, for policies that need one.
         """
         state = self.state
         telemetry = state.telemetry
@@ -63,23 +87,26 @@ class DecisionLoop:
             links=telemetry_links(telemetry.trace_context if telemetry is not None else None),
         ) as span:
             limits_before = dict(state.allocation.tenant_limits)
-            record = self._decide(trigger, span)
+            record = self._decide(trigger, span, advice)
             describe(span, record, state.pool, limits_before)
         for observer in self._observers:
             observer(record)
         return record
 
-    def _decide(self, trigger: str, span: trace.Span) -> DecisionRecord:
+    def _decide(self, trigger: str, span: trace.Span, advice: Advice | None) -> DecisionRecord:
         state = self.state
         pool = state.pool
         trace_context = carrier_of(span)
         state.expire_leases()
         snapshot = state.snapshot()
+        if advice is not None:
+            snapshot = dataclasses.replace(snapshot, advice=advice)
         decision_id = state.decisions.next_id()
         # Policy cost is measured in real CPU time: it is a property of the code, not of the
         # injected clock.
         started = time.perf_counter()
         outcome = DecisionOutcome.HELD
+        fallback: str | None = None
         try:
             decision = self.policy.decide(snapshot, pool, state.policy_state)
             validate_limits(decision.limits, pool)
@@ -100,6 +127,11 @@ class DecisionLoop:
         else:
             state.policy_state = decision.state
             reason = decision.reason
+            fallback = decision.fallback
+            if fallback is not None:
+                logger.warning(
+                    "pool %s: policy %s fell back: %s", pool.name, self.policy.name, fallback
+                )
             if dict(decision.limits) != dict(state.allocation.tenant_limits):
                 previous = dict(state.allocation.tenant_limits)
                 state.apply_limits(
@@ -132,6 +164,7 @@ class DecisionLoop:
             telemetry=snapshot.telemetry,
             outputs=dict(state.allocation.tenant_limits),
             duration_ms=duration_ms,
+            fallback=fallback,
         )
         state.decisions.append(record)
         return record
@@ -144,7 +177,7 @@ class DecisionLoop:
         trigger = "period"
         while True:
             wanted.clear()
-            self.decide_once(trigger=trigger)
+            await self.decide(trigger=trigger)
             try:
                 await asyncio.wait_for(wanted.wait(), timeout=pool.decision_period_s)
             except TimeoutError:

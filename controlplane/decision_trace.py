@@ -44,6 +44,8 @@ def decision_attributes(
         "slotshift.decision.budget_slots": record.budget_slots,
         "slotshift.decision.duration_ms": record.duration_ms,
     }
+    if record.fallback is not None:
+        attributes["slotshift.decision.fallback"] = record.fallback
     for tenant in pool.tenants:
         name = tenant.name
         load = record.inputs.get(name)

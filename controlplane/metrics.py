@@ -38,6 +38,13 @@ class ControlPlaneMetrics:
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0),
             registry=self.registry,
         )
+        self.policy_fallbacks = Counter(
+            "slotshift_controlplane_policy_fallbacks_total",
+            "Decisions where the policy fell back from its primary source (the agent's answer), "
+            "by kind (late, failed, unparseable, invalid, ...).",
+            ["pool", "policy", "kind"],
+            registry=self.registry,
+        )
         self.telemetry_reports = Counter(
             "slotshift_controlplane_telemetry_reports_total",
             "Telemetry reports received from agents.",
@@ -47,6 +54,10 @@ class ControlPlaneMetrics:
         self.registry.register(_PoolStateCollector(pools))
 
     def observe_decision(self, record: DecisionRecord) -> None:
+        if record.fallback is not None:
+            # "late: no answer within 500 ms" -> "late": a bounded label set.
+            kind = record.fallback.split(":", 1)[0].split(" ", 1)[0]
+            self.policy_fallbacks.labels(record.pool, record.policy, kind).inc()
         self.decisions.labels(record.pool, record.policy, record.outcome.value).inc()
         self.decision_duration.labels(record.pool).observe(record.duration_ms / 1000)
 

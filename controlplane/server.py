@@ -11,6 +11,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controlplane.agent_advisor import ChatAdvisor
 from controlplane.core.policies import make_policy
 from controlplane.decision_loop import DecisionLoop
 from controlplane.metrics import ControlPlaneMetrics
@@ -70,13 +71,19 @@ class ControlPlane:
             for pool in config.pools
         }
         self.metrics = ControlPlaneMetrics(self.pools)
+        self._advisors = {
+            pool.name: ChatAdvisor(pool, pool.agent_policy)
+            for pool in config.pools
+            if pool.policy == "agent"
+        }
         self.loops = {
             name: DecisionLoop(
                 state,
-                make_policy(state.pool.policy),
+                make_policy(state.pool.policy, fallback=state.pool.agent_policy.fallback),
                 clock=self._clock,
                 observers=[self.metrics.observe_decision],
                 tracer=self._tracer,
+                advisor=self._advisors.get(name),
             )
             for name, state in self.pools.items()
         }
@@ -158,6 +165,8 @@ class ControlPlane:
         """Health NOT_SERVING, stop deciding, end the gateways' streams, stop serving."""
         await self._health.enter_graceful_shutdown()
         await self._tasks.stop()
+        for advisor in self._advisors.values():
+            await advisor.close()
         for state in self.pools.values():
             state.close_sessions()
         if self._server is not None:

@@ -61,17 +61,23 @@ class AgentPolicy:
 
 
 def usable_limits(advice: Advice | None, pool: PoolConfig) -> dict[str, int]:
-    """The advice's limits if they can be published as they are; InvalidAllocation says why not."""
+    """The advice's limits if they can be published as they are; InvalidAllocation says why not,
+    starting with a kind: missing, late, failed, unparseable (from the advisor) or invalid."""
     if advice is None:
-        raise InvalidAllocation("no answer was gathered")
+        raise InvalidAllocation("missing: no answer was gathered")
     if advice.error is not None:
         raise InvalidAllocation(advice.error)
     if not isinstance(advice.limits, Mapping):
-        raise InvalidAllocation("the answer has no limits object")
+        raise InvalidAllocation("invalid: the answer has no limits object")
     limits: dict[str, int] = {}
     for tenant, value in advice.limits.items():
         if not isinstance(value, int) or isinstance(value, bool):
-            raise InvalidAllocation(f"limit of {tenant!r} is not a whole number: {value!r}")
+            raise InvalidAllocation(
+                f"invalid: limit of {tenant!r} is not a whole number: {value!r}"
+            )
         limits[str(tenant)] = value
-    validate_limits(limits, pool)
+    try:
+        validate_limits(limits, pool)
+    except InvalidAllocation as problem:
+        raise InvalidAllocation(f"invalid: {problem}") from None
     return limits

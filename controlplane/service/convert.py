@@ -130,6 +130,7 @@ def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Dec
         outputs=tenant_allocations(pool, record.outputs),
         duration_ms=record.duration_ms,
         trigger=record.trigger,
+        fallback=record.fallback or "",
     )
 
 

@@ -331,6 +331,7 @@ class Decision(_message.Message):
     OUTPUTS_FIELD_NUMBER: _builtins.int
     DURATION_MS_FIELD_NUMBER: _builtins.int
     TRIGGER_FIELD_NUMBER: _builtins.int
+    FALLBACK_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     pool: _builtins.str
     policy: _builtins.str
@@ -344,6 +345,8 @@ class Decision(_message.Message):
     """How long the policy took, in milliseconds."""
     trigger: _builtins.str
     """Why the decision ran when it did: "period", or the fast path's reason."""
+    fallback: _builtins.str
+    """Set when the policy could not use its primary source (the agent's answer) and fell back: why."""
     @_builtins.property
     def decided_at(self) -> _timestamp_pb2.Timestamp: ...
     @_builtins.property
@@ -368,10 +371,11 @@ class Decision(_message.Message):
         outputs: _abc.Iterable[_allocation_pb2.TenantAllocation] | None = ...,
         duration_ms: _builtins.float = ...,
         trigger: _builtins.str = ...,
+        fallback: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "decided_at", b"decided_at", "duration_ms", b"duration_ms", "id", b"id", "inputs", b"inputs", "outcome", b"outcome", "outputs", b"outputs", "policy", b"policy", "pool", b"pool", "reason", b"reason", "telemetry", b"telemetry", "trigger", b"trigger", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "decided_at", b"decided_at", "duration_ms", b"duration_ms", "fallback", b"fallback", "id", b"id", "inputs", b"inputs", "outcome", b"outcome", "outputs", b"outputs", "policy", b"policy", "pool", b"pool", "reason", b"reason", "telemetry", b"telemetry", "trigger", b"trigger", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -152,6 +152,7 @@ def test_a_rejected_decision_is_an_error_span_with_its_reason(
 ) -> None:
     class Greedy:
         name = "greedy"
+        needs_advice = False
 
         def decide(self, snapshot: object, pool: PoolConfig, state: object | None) -> object:
             return PolicyDecision(limits={"A": 90, "B": 90}, reason="greedy")

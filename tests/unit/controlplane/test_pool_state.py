@@ -187,6 +187,7 @@ def test_disconnected_gateway_keeps_its_slots_until_its_lease_runs_out() -> None
 def test_invalid_policy_output_keeps_the_last_good_allocation() -> None:
     class Broken:
         name = "broken"
+        needs_advice = False
 
         def decide(self, snapshot: object, pool: PoolConfig, state: object | None) -> object:
             from controlplane.core.policy import PolicyDecision
