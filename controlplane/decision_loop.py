@@ -63,6 +63,14 @@ class DecisionLoop:
         self._observers = list(observers or [])
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
 
+    def replace_policy(self, policy: AllocationPolicy, advisor: Advisor | None) -> None:
+        """Decide with `policy` from the next decision on (the pool's policy changed)."""
+        if policy.needs_advice and advisor is None:
+            raise ValueError(f"policy {policy.name} needs an advisor")
+        self.policy = policy
+        self._advisor = advisor
+        self.state.policy_state = None
+
     async def decide(self, *, trigger: str = "period") -> DecisionRecord:
         """Gather (the advisor's answer, when the policy needs one), then decide_once."""
         advice = None
@@ -147,8 +155,10 @@ class DecisionLoop:
                     reason,
                 )
             else:
-                # The tenant limits hold, but drains may let grants move.
-                state.reconcile(trace_context=trace_context)
+                # The tenant limits hold, but where their demand is may have moved between
+                # gateways (a gateway that uses all its part never looks stale to the others'
+                # queues), and drains may let grants move: re-split every period.
+                state.reconcile(resplit=True, trace_context=trace_context)
         duration_ms = (time.perf_counter() - started) * 1000
         record = DecisionRecord(
             id=decision_id,

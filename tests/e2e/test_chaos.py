@@ -247,6 +247,7 @@ async def test_decisions_go_on_without_the_agent_and_say_the_telemetry_is_stale(
     ports: Ports, services: ServiceProcesses, load: Load
 ) -> None:
     services.start("agent", "agent")
+    wait_ready(lambda: http_ok(f"http://127.0.0.1:{ports.agent_metrics}/health"), "the agent", 60)
     async with grpc.aio.insecure_channel(ports.target) as channel:
         stub = query_pb2_grpc.AllocationServiceStub(channel)
 
@@ -257,7 +258,7 @@ async def test_decisions_go_on_without_the_agent_and_say_the_telemetry_is_stale(
         async def fresh() -> bool:
             return (await newest()).telemetry.fresh
 
-        await wait_until(fresh, timeout_s=20, message="a decision with fresh telemetry")
+        await wait_until(fresh, timeout_s=30, message="a decision with fresh telemetry")
         services.kill("agent")
 
         async def stale() -> bool:

@@ -286,3 +286,31 @@ def test_a_restarted_control_plane_grants_nothing_above_what_gateways_enforce_fo
     late.apply_pending(state)
     total = sum(first.limits.values()) + sum(late.limits.values())
     assert total <= POOL.budget_slots
+
+
+def test_each_period_resplits_by_where_the_demand_is() -> None:
+    """One gateway uses its whole part while the other queues with none: the limits do not
+    change, but the next decision must move part of the tenant's limit to the queueing gateway."""
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    busy = SimGateway("busy", {"A": 0, "B": 0})
+    starved = SimGateway("starved", {"A": 0, "B": 0})
+    busy.connect(state)
+    busy.queued = {"A": 48, "B": 48}
+    assert busy.session is not None
+    state.record_demand(busy.session, busy.applied_version, busy.usage())
+    loop.decide_once()
+    busy.apply_pending(state)
+    busy.apply_pending(state)
+    busy.admit()
+    starved.connect(state)
+    starved.apply_pending(state)
+    assert starved.session is not None
+    starved.queued = {"A": 48, "B": 48}
+    state.record_demand(starved.session, starved.applied_version, starved.usage())
+    state.record_demand(busy.session, busy.applied_version, busy.usage())
+    loop.decide_once()
+    targets = state.allocation.gateways["starved"]
+    assert targets["A"].target_slots > 0
+    assert targets["B"].target_slots > 0
