@@ -247,7 +247,10 @@ async def test_decisions_go_on_without_the_agent_and_say_the_telemetry_is_stale(
     ports: Ports, services: ServiceProcesses, load: Load
 ) -> None:
     services.start("agent", "agent")
-    wait_ready(lambda: http_ok(f"http://127.0.0.1:{ports.agent_metrics}/health"), "the agent", 60)
+    agent_health = f"http://127.0.0.1:{ports.agent_metrics}/health"
+    await wait_until(
+        lambda: asyncio.to_thread(http_ok, agent_health), timeout_s=60, message="the agent"
+    )
     async with grpc.aio.insecure_channel(ports.target) as channel:
         stub = query_pb2_grpc.AllocationServiceStub(channel)
 
