@@ -29,15 +29,22 @@ class Authenticator:
 
     def __init__(self, keys: Iterable[tuple[str, str]]) -> None:
         """keys: (api key, tenant) pairs. A key given to two tenants is a configuration error."""
-        owners: dict[bytes, str] = {}
+        pairs = []
         for key, tenant in keys:
             if not key:
                 raise ValueError(f"tenant {tenant}: an API key must not be empty")
-            digest = _digest(key)
-            if owners.get(digest, tenant) != tenant:
-                raise ValueError(f"tenants {owners[digest]} and {tenant} share an API key")
-            owners[digest] = tenant
-        self._entries: tuple[tuple[bytes, str], ...] = tuple(owners.items())
+            pairs.append((key_digest(key), tenant))
+        self._entries = _entries(pairs)
+
+    def replace_digests(self, digests: Iterable[tuple[bytes, str]]) -> None:
+        """Authenticate exactly these (SHA-256 of an API key, tenant) pairs from now on (the
+        tenants the control plane pushes); ValueError, and no change, if two tenants share one."""
+        self._entries = _entries(digests)
+
+    @property
+    def tenants(self) -> set[str]:
+        """The tenants some key identifies."""
+        return {tenant for _, tenant in self._entries}
 
     @classmethod
     def for_pool(cls, pool: PoolConfig) -> Authenticator:
@@ -50,7 +57,7 @@ class Authenticator:
 
     def tenant_for(self, authorization: str | None) -> str:
         """The tenant named by an Authorization header's value; AuthenticationError otherwise."""
-        presented = _digest(bearer_token(authorization))
+        presented = key_digest(bearer_token(authorization))
         matched: str | None = None
         for digest, tenant in self._entries:
             # Compare against every key, even after a match, so that the time taken does not
@@ -78,5 +85,15 @@ def bearer_token(authorization: str | None) -> str:
     return token
 
 
-def _digest(key: str) -> bytes:
+def key_digest(key: str) -> bytes:
+    """SHA-256 of an API key's UTF-8 bytes: the form keys are compared (and pushed) in."""
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def _entries(digests: Iterable[tuple[bytes, str]]) -> tuple[tuple[bytes, str], ...]:
+    owners: dict[bytes, str] = {}
+    for digest, tenant in digests:
+        if owners.get(digest, tenant) != tenant:
+            raise ValueError(f"tenants {owners[digest]} and {tenant} share an API key")
+        owners[digest] = tenant
+    return tuple(owners.items())

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Callable, Mapping
 
 import grpc
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -35,6 +36,7 @@ from admission_gateway.gateway_state import GatewayState, TenantDemand, TenantLi
 from admission_gateway.latency_window import LatencyPercentiles
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock
+from slotshift.tls import ChannelSecurity, open_channel
 from slotshift.trace_context import (
     DECISION_TRACEPARENT,
     carrier_of,
@@ -45,6 +47,10 @@ from slotshift.trace_context import (
 from slotshift.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
 logger = logging.getLogger(__name__)
+
+TenantsObserver = Callable[[Mapping[str, tuple[bytes, ...]]], None]
+"""Called with the pool's tenants and their API keys' SHA-256 digests whenever the control plane
+sends them (the gateway authenticates exactly these tenants from then on)."""
 
 _Call = grpc.aio.StreamStreamCall[gateway_pb2.GatewayMessage, gateway_pb2.ControlMessage]
 
@@ -68,8 +74,12 @@ class ControlClient:
         clock: Clock,
         rng: random.Random | None = None,
         tracer: trace.Tracer | None = None,
+        security: ChannelSecurity | None = None,
+        on_tenants: TenantsObserver | None = None,
     ) -> None:
         self._state = state
+        self._on_tenants = on_tenants
+        self._security = security
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._target = target
         self._gateway_id = gateway_id
@@ -100,7 +110,7 @@ class ControlClient:
             ("grpc.min_reconnect_backoff_ms", backoff_ms),
             ("grpc.max_reconnect_backoff_ms", int(self._reconnect_max_s * 1000)),
         ]
-        channel = grpc.aio.insecure_channel(self._target, options=options)
+        channel = open_channel(self._target, self._security, options)
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         delay_s = self._reconnect_initial_s
         try:
@@ -153,6 +163,8 @@ class ControlClient:
             async for message in call:
                 if message.HasField("allocation"):
                     await self._on_allocation(call, writes, message.allocation)
+                elif message.HasField("tenants"):
+                    self._on_directory(message.tenants)
             self._set_connected(False, "the control plane ended the stream")
         except grpc.aio.AioRpcError as exc:
             self._set_connected(False, f"{exc.code().name}: {exc.details()}")
@@ -227,6 +239,19 @@ class ControlClient:
                 ),
             )
             await self._write(call, writes, gateway_pb2.GatewayMessage(ack=ack))
+
+    def _on_directory(self, directory: gateway_pb2.TenantDirectory) -> None:
+        """The pool's tenants changed (or the stream just opened): know every one of them before
+        the allocation that follows names them, and let the gateway authenticate exactly them."""
+        if directory.pool != self._state.pool_name:
+            logger.warning("ignoring the tenants of pool %r", directory.pool)
+            return
+        tenants = {t.tenant: tuple(t.api_key_sha256) for t in directory.tenants}
+        for name in tenants:
+            if self._state.add_tenant(name):
+                logger.info("tenant %s added (config version %d)", name, directory.config_version)
+        if self._on_tenants is not None:
+            self._on_tenants(tenants)
 
     async def _report_periodically(self, call: _Call, writes: asyncio.Lock) -> None:
         try:

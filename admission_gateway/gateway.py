@@ -15,6 +15,8 @@ import asyncio
 import logging
 import random
 import socket
+import ssl
+from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
@@ -23,7 +25,7 @@ from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from admission_gateway.admission import TenantAdmission
-from admission_gateway.auth import Authenticator
+from admission_gateway.auth import Authenticator, key_digest
 from admission_gateway.control_client import ControlClient
 from admission_gateway.errors import openai_errors
 from admission_gateway.gateway_state import GatewayState
@@ -32,6 +34,12 @@ from admission_gateway.proxy import OpenAIProxy
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import ConfigError, SlotshiftConfig
+from slotshift.tls import (
+    ChannelSecurity,
+    client_ssl_context,
+    load_channel_security,
+    server_ssl_context,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +99,10 @@ class AdmissionGateway:
 
     @property
     def url(self) -> str:
-        """Base URL of the gateway, e.g. http://127.0.0.1:8080 (the OpenAI API is under /v1)."""
-        return f"http://{self._settings.host}:{self.port}"
+        """Base URL of the gateway, e.g. http://127.0.0.1:8080 (the OpenAI API is under /v1);
+        https when gateway.tls is set."""
+        scheme = "http" if self._settings.tls is None else "https"
+        return f"{scheme}://{self._settings.host}:{self.port}"
 
     @property
     def gateway_id(self) -> str:
@@ -112,10 +122,11 @@ class AdmissionGateway:
 
     async def start(self) -> None:
         """Bind the HTTP server, open the upstream session and start the control stream."""
+        ssl_context, security, engine_ssl = await asyncio.to_thread(self._load_tls)
         self._session = aiohttp.ClientSession(
             # The admission limits are the concurrency limit; aiohttp's default cap of 100
             # connections would silently queue requests the gateway has already admitted.
-            connector=aiohttp.TCPConnector(limit=0),
+            connector=aiohttp.TCPConnector(limit=0, ssl=engine_ssl),
             # Bodies pass through as the engine encoded them, and only the client's own headers
             # (not aiohttp's defaults) reach the engine.
             auto_decompress=False,
@@ -152,7 +163,9 @@ class AdmissionGateway:
         )
         try:
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self._settings.host, self._requested_port)
+            site = web.TCPSite(
+                self._runner, self._settings.host, self._requested_port, ssl_context=ssl_context
+            )
             await site.start()
         except BaseException:
             # e.g. the port is taken: leave nothing open behind.
@@ -173,8 +186,37 @@ class AdmissionGateway:
             clock=self._clock,
             rng=self._rng,
             tracer=self._tracer,
+            security=security,
+            on_tenants=self._use_tenants,
         )
         self._tasks.spawn("control-stream", self.control_client.run())
+
+    def _use_tenants(self, tenants: Mapping[str, tuple[bytes, ...]]) -> None:
+        """Authenticate exactly the tenants the control plane runs (the admin API adds and
+        removes them): with the digests it sent, and with the keys our own config gives them."""
+        digests = [(digest, tenant) for tenant, ds in tenants.items() for digest in ds]
+        digests += [
+            (key_digest(key.get_secret_value()), t.name)
+            for t in self._pool.tenants
+            if t.name in tenants
+            for key in t.api_keys
+        ]
+        try:
+            self._authenticator.replace_digests(digests)
+        except ValueError as exc:
+            logger.error("keeping the tenants' keys as they were: %s", exc)
+
+    def _load_tls(
+        self,
+    ) -> tuple[ssl.SSLContext | None, ChannelSecurity | None, ssl.SSLContext | bool]:
+        """The HTTPS context of the API, the credentials of the control stream (None where the
+        config leaves them plaintext) and how to check an https engine (True: the system's
+        roots). Blocks: reads the PEM files."""
+        tls = self._settings.tls
+        ssl_context = None if tls is None else server_ssl_context(tls)
+        engine_tls = self._pool.engine_tls
+        engine_ssl = True if engine_tls is None else client_ssl_context(engine_tls)
+        return ssl_context, load_channel_security(self._settings.controlplane_tls), engine_ssl
 
     async def stop(self) -> None:
         """Drain and shut down (see the module docstring for the order); safe to call twice."""

@@ -99,8 +99,8 @@ class GatewayState:
                 max_age_s=gateway.latency_window_s,
             )
 
-        self._tenants: dict[str, TenantState] = {
-            name: TenantState(
+        def new_tenant(name: str, limit: int) -> TenantState:
+            return TenantState(
                 name,
                 TenantAdmission(
                     name,
@@ -113,7 +113,10 @@ class GatewayState:
                 target_slots=limit,
                 new_window=new_window,
             )
-            for name, limit in limits.items()
+
+        self._new_tenant = new_tenant
+        self._tenants: dict[str, TenantState] = {
+            name: new_tenant(name, limit) for name, limit in limits.items()
         }
         self._applied_version = 0
         self.controlplane_connected = False
@@ -127,6 +130,15 @@ class GatewayState:
     def applied_version(self) -> int:
         """The allocation version enforced now; 0 while on the fallback split."""
         return self._applied_version
+
+    def add_tenant(self, name: str) -> bool:
+        """Know tenant `name` (added at run time), with no slots until an allocation gives it
+        some; False if it is known already. Tenants are never forgotten: a removed one keeps its
+        state while its running requests finish, and no key admits it any more."""
+        if name in self._tenants:
+            return False
+        self._tenants[name] = self._new_tenant(name, 0)
+        return True
 
     def apply_allocation(
         self,

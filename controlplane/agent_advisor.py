@@ -97,6 +97,10 @@ class ChatAdvisor:
         self._settings = settings
         self._session: aiohttp.ClientSession | None = None
 
+    def use_pool(self, pool: PoolConfig) -> None:
+        """Describe `pool` from the next question on (its tenants changed at run time)."""
+        self._pool = pool
+
     async def advise(self, snapshot: PoolSnapshot) -> Advice:
         """The LLM's answer, or an Advice saying why there is none; never past the deadline."""
         settings = self._settings

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controlplane.core.allocation import Allocation, GatewayLimit
+from controlplane.core.config_change import config_key_digests
 from controlplane.core.gateway_split import split_among_gateways, split_is_stale
 from controlplane.core.grants import Cell, compute_grants
 from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
@@ -106,6 +107,15 @@ class Mailbox:
         return latest
 
 
+@dataclass(frozen=True, slots=True)
+class TenantDirectory:
+    """The pool's tenants and the SHA-256 digests of their API keys, for the gateways."""
+
+    pool: str
+    config_version: int
+    tenants: Mapping[str, tuple[bytes, ...]]
+
+
 @dataclass(eq=False)
 class GatewaySession:
     """One connection of one gateway; events from a replaced connection are ignored."""
@@ -113,6 +123,10 @@ class GatewaySession:
     gateway_id: str
     token: int
     mailbox: Mailbox = field(default_factory=Mailbox)
+    directory: TenantDirectory | None = None
+    """A tenant directory to send before the next allocation (an allocation always follows:
+    tenants change only with a new allocation), so that the gateway knows every tenant an
+    allocation names."""
 
 
 @dataclass
@@ -149,6 +163,13 @@ class PoolState:
         decision_log_size: int,
     ) -> None:
         self.pool = pool
+        self.config_version = 1
+        """1 as configured at start-up; one more with every change through the admin API."""
+        self.key_digests: dict[str, tuple[bytes, ...]] = config_key_digests(pool)
+        """tenant -> SHA-256 digests of its API keys (the keys themselves are not kept)."""
+        self._draining: set[str] = set()
+        """Removed tenants some gateway may still run requests of: their slots stay counted (with
+        a target of 0) until every gateway has drained them."""
         self._clock = clock
         self._lease_ttl_s = gateway_lease_ttl_s
         self._stale_after_s = telemetry_stale_after_s
@@ -194,7 +215,9 @@ class PoolState:
         """Register a (re)connecting gateway; returns its session, whose mailbox gets every
         allocation from now on (the current one first). `trace_context` (W3C) is that of the
         connection's span: the pushes it causes are its children."""
-        session = GatewaySession(gateway_id=gateway_id, token=next(self._tokens))
+        session = GatewaySession(
+            gateway_id=gateway_id, token=next(self._tokens), directory=self.directory()
+        )
         previous = self._gateways.get(gateway_id)
         if previous is not None:
             previous.session.mailbox.close()
@@ -311,6 +334,48 @@ class PoolState:
         """gateway id -> the version it last acknowledged, for connected gateways."""
         return {g.gateway_id: g.applied_version for g in self._gateways.values() if g.connected}
 
+    # Config changes (the admin API) ---------------------------------------------------------
+
+    def known_tenants(self) -> set[str]:
+        """Tenants whose usage counts: the pool's, and removed ones still draining."""
+        return {t.name for t in self.pool.tenants} | self._draining
+
+    def directory(self) -> TenantDirectory:
+        """The tenants the gateways must authenticate now, with their key digests."""
+        return TenantDirectory(
+            pool=self.pool.name,
+            config_version=self.config_version,
+            tenants={t.name: self.key_digests.get(t.name, ()) for t in self.pool.tenants},
+        )
+
+    def replace_config(self, pool: PoolConfig, key_digests: Mapping[str, tuple[bytes, ...]]) -> int:
+        """Run `pool` (already validated) from now on; returns the new config version.
+
+        Until the next decision the tenants hold their nominal shares under the new config (a
+        valid allocation whatever changed); the caller decides at once. A removed tenant's slots
+        stay counted until its running requests finish: its gateways get a limit of 0 and its
+        keys stop working, and the slots go to the others through the grants as it drains.
+        """
+        if pool.name != self.pool.name:
+            raise ValueError(f"pool {pool.name!r} cannot replace pool {self.pool.name!r}")
+        names = {t.name for t in pool.tenants}
+        self._draining = (self._draining | {t.name for t in self.pool.tenants}) - names
+        self.pool = pool
+        self.key_digests = {t: tuple(key_digests.get(t, ())) for t in names}
+        self.config_version += 1
+        # Policy memory is per tenant and per policy; it starts again under the new config.
+        self.policy_state = None
+        self._queued_before = {t: n for t, n in self._queued_before.items() if t in names}
+        self.allocation = dataclasses.replace(
+            self.allocation, tenant_limits=nominal_shares(pool), policy=pool.policy
+        )
+        directory = self.directory()
+        for record in self._gateways.values():
+            if record.connected:
+                record.session.directory = directory
+        self.reconcile(resplit=True, force_publish=True)
+        return self.config_version
+
     # Telemetry ----------------------------------------------------------------------------
 
     def record_telemetry(self, record: TelemetryRecord) -> None:
@@ -401,14 +466,15 @@ class PoolState:
         }
         if resplit or set(current.gateways) != set(connected) or split_is_stale(targets, demand):
             targets = split_among_gateways(current.tenant_limits, demand)
+        tenants = [t.name for t in self.pool.tenants] + sorted(self._draining)
         cells = {
-            (gid, tenant.name): Cell(
-                target=targets.get(gid, {}).get(tenant.name, 0),
-                granted=_granted(current, gid, tenant.name),
-                bound=record.bound(tenant.name),
+            (gid, tenant): Cell(
+                target=targets.get(gid, {}).get(tenant, 0),
+                granted=_granted(current, gid, tenant),
+                bound=record.bound(tenant),
             )
             for gid, record in self._gateways.items()
-            for tenant in self.pool.tenants
+            for tenant in tenants
         }
         if self._clock.monotonic() < self._holding_until_s:
             cells = {
@@ -420,10 +486,12 @@ class PoolState:
         grants = compute_grants(self.pool.budget_slots, cells)
         gateways = {
             gid: {
-                t.name: GatewayLimit(targets[gid][t.name], grants[(gid, t.name)])
-                for t in self.pool.tenants
+                t: GatewayLimit(targets.get(gid, {}).get(t, 0), grants[(gid, t)]) for t in tenants
             }
             for gid in connected
+        }
+        self._draining = {
+            t for t in self._draining if any(g.bound(t) > 0 for g in self._gateways.values())
         }
         candidate = dataclasses.replace(current, gateways=gateways)
         if candidate.same_limits(current) and not force_publish:

@@ -3,7 +3,9 @@ in order."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -17,13 +19,17 @@ from controlplane.decision_loop import DecisionLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.pool_state import PoolState
 from controlplane.reflection import add_reflection
+from controlplane.service.admin_service import PoolAdminService
 from controlplane.service.gateway_service import GatewayStreamService
 from controlplane.service.query_service import AllocationQueryService
 from controlplane.service.telemetry_service import TelemetryIngestService
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
-from slotshift.config import SlotshiftConfig
+from slotshift.config import ConfigError, PoolConfig, SlotshiftConfig
+from slotshift.tls import load_server_credentials
 from slotshift.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
     gateway_pb2,
     gateway_pb2_grpc,
     query_pb2,
@@ -38,6 +44,7 @@ SERVICE_NAMES = (
     query_pb2.DESCRIPTOR.services_by_name["AllocationService"].full_name,
     gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
     telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name,
+    admin_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
     health.SERVICE_NAME,
 )
 
@@ -114,9 +121,21 @@ class ControlPlane:
             ),
             server,
         )
+        admin_token = await asyncio.to_thread(_read_admin_token, settings.admin_token_file)
+        admin_pb2_grpc.add_AdminServiceServicer_to_server(
+            PoolAdminService(
+                self.loops, admin_token=admin_token, on_config_change=self._use_pool_config
+            ),
+            server,
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         add_reflection(server, SERVICE_NAMES)
-        self.grpc_port = server.add_insecure_port(f"{settings.grpc_host}:{settings.grpc_port}")
+        address = f"{settings.grpc_host}:{settings.grpc_port}"
+        if settings.tls is None:
+            self.grpc_port = server.add_insecure_port(address)
+        else:
+            credentials = await asyncio.to_thread(load_server_credentials, settings.tls)
+            self.grpc_port = server.add_secure_port(address, credentials)
         if self.grpc_port == 0:
             raise OSError(f"cannot bind gRPC on {settings.grpc_host}:{settings.grpc_port}")
         await server.start()
@@ -134,12 +153,25 @@ class ControlPlane:
         for service in ("", *SERVICE_NAMES[:-1]):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         logger.info(
-            "controlplane ready: gRPC on %s:%d, metrics on :%d, pools %s",
+            "controlplane ready: gRPC%s on %s:%d, metrics on :%d, pools %s",
+            "" if settings.tls is None else " (TLS)",
             settings.grpc_host,
             self.grpc_port,
             self.metrics_port,
             sorted(self.pools),
         )
+
+    def _use_pool_config(self, pool: PoolConfig) -> None:
+        """A pool's config changed through the admin API: decide with its policy from now on."""
+        loop = self.loops[pool.name]
+        advisor = self._advisors.get(pool.name)
+        if pool.policy == "agent":
+            if advisor is None:
+                advisor = self._advisors[pool.name] = ChatAdvisor(pool, pool.agent_policy)
+            advisor.use_pool(pool)
+        if pool.policy != loop.policy.name:
+            policy = make_policy(pool.policy, fallback=pool.agent_policy.fallback)
+            loop.replace_policy(policy, advisor if policy.needs_advice else None)
 
     async def _start_metrics(self, host: str, port: int) -> web.AppRunner:
         async def metrics(_: web.Request) -> web.Response:
@@ -176,3 +208,17 @@ class ControlPlane:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
         logger.info("controlplane stopped")
+
+
+def _read_admin_token(path: str | None) -> str | None:
+    """The admin token: the first line of `path`; None when no file is configured."""
+    if path is None:
+        return None
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"controlplane.admin_token_file: cannot read {path}: {exc}") from exc
+    token = lines[0].strip() if lines else ""
+    if not token:
+        raise ConfigError(f"controlplane.admin_token_file: {path} holds no token")
+    return token

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -30,6 +30,60 @@ class _Model(BaseModel):
     model_config = ConfigDict(
         frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True
     )
+
+
+class ServerTlsConfig(_Model):
+    """TLS on a server (the control plane's gRPC API, a gateway's HTTP API), optionally mutual.
+
+    Paths are PEM files; a relative path is relative to the config file's folder.
+    """
+
+    cert_file: str
+    """The server's certificate chain (its certificate first); its names must match the address
+    clients dial, or they set server_name."""
+
+    key_file: str
+    """The server certificate's private key (unencrypted PEM)."""
+
+    ca_file: str | None = None
+    """CA certificates that client certificates are checked against (mutual TLS); unset: clients
+    are not asked for a certificate."""
+
+    require_client_cert: bool = False
+    """Refuse clients that present no certificate signed by ca_file (mutual TLS)."""
+
+    @model_validator(mode="after")
+    def _client_certs_need_a_ca(self) -> ServerTlsConfig:
+        if self.require_client_cert and self.ca_file is None:
+            raise ValueError("require_client_cert needs ca_file to check client certificates")
+        return self
+
+
+class ClientTlsConfig(_Model):
+    """TLS on a client's connection to a server (a gateway's or the agent's to the control plane,
+    a gateway's to the engine), with a client certificate for mutual TLS.
+
+    Paths are PEM files; a relative path is relative to the config file's folder.
+    """
+
+    ca_file: str | None = None
+    """CA certificates the server's certificate is checked against; unset: the system's roots."""
+
+    cert_file: str | None = None
+    """This client's certificate chain, presented for mutual TLS; needs key_file."""
+
+    key_file: str | None = None
+    """The client certificate's private key (unencrypted PEM); needs cert_file."""
+
+    server_name: str | None = None
+    """The name the server's certificate must carry, when it differs from the host dialled (e.g.
+    dialling an IP address or a port-forward); unset: the dialled host."""
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> ClientTlsConfig:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together (mutual TLS needs both)")
+        return self
 
 
 class TenantConfig(_Model):
@@ -152,6 +206,11 @@ class PoolConfig(_Model):
     engine_url: str = "http://127.0.0.1:8000"
     """Base URL of the engine's OpenAI-compatible API (the gateways proxy to it)."""
 
+    engine_tls: ClientTlsConfig | None = None
+    """How the gateways check an https engine_url (vLLM's --ssl-certfile), with a client
+    certificate if the engine requires one (--ssl-ca-certs, --ssl-cert-reqs 2); unset: the
+    system's roots for https."""
+
     fast_path: bool = True
     """Decide at once, not at the next period, when a tenant's queue grows while it holds less
     than its nominal share (so that lent slots start coming back without delay)."""
@@ -221,6 +280,16 @@ class ControlPlaneConfig(_Model):
     shutdown_grace_s: PositiveSeconds = 5.0
     """Seconds open streams get to finish when the server stops."""
 
+    tls: ServerTlsConfig | None = None
+    """TLS on the gRPC API (gateways, agents, grpcurl), mutual with require_client_cert; unset:
+    plaintext. The gateways' and the agent's controlplane_tls must then be set to match."""
+
+    admin_token_file: str | None = None
+    """A file holding the admin token (its first line), such as a mounted Kubernetes Secret: the
+    admin API's changes (AdminService, all but GetPoolConfig) need `authorization: Bearer TOKEN`.
+    A relative path is relative to the config file's folder. Unset: the admin API refuses every
+    change."""
+
 
 class GatewayConfig(_Model):
     """The admission gateways (every replica reads the same section)."""
@@ -236,6 +305,14 @@ class GatewayConfig(_Model):
 
     controlplane_target: str = "127.0.0.1:50051"
     """host:port of the control plane's gRPC API."""
+
+    controlplane_tls: ClientTlsConfig | None = None
+    """TLS on the stream to the control plane (set when controlplane.tls is), with a client
+    certificate for mutual TLS; unset: plaintext."""
+
+    tls: ServerTlsConfig | None = None
+    """HTTPS on the gateway's HTTP server (the OpenAI API, /metrics, /ready), mutual with
+    require_client_cert; unset: plain HTTP."""
 
     queue_max_depth: Annotated[int, Field(ge=0)] = 1024
     """Requests a tenant may have waiting at one gateway; beyond that it gets 429."""
@@ -290,6 +367,10 @@ class AgentConfig(_Model):
 
     controlplane_target: str = "127.0.0.1:50051"
     """host:port of the control plane's gRPC API."""
+
+    controlplane_tls: ClientTlsConfig | None = None
+    """TLS on the telemetry stream to the control plane (set when controlplane.tls is), with a
+    client certificate for mutual TLS; unset: plaintext."""
 
     engine_metrics_url: str = "http://127.0.0.1:8000/metrics"
     """vLLM's Prometheus endpoint."""
@@ -402,8 +483,9 @@ class LocalStackConfig(_Model):
     CPU with a tiny local model (slotshift/vllm_cpu; needs a checkout, builds its venv the first
     time), which the gateways' pool and the agent are then pointed at."""
 
-    vllm_port: Port = 8000
-    """Port of the CPU vLLM server; 0 picks a free one."""
+    vllm_port: Port | None = None
+    """Port of the CPU vLLM server; unset: the port of the pool's engine_url (where the emulator
+    would listen, so whatever is pointed at the engine finds vLLM there); 0 picks a free one."""
 
     vllm_served_model_name: str = "slotshift/tiny-llama"
     """The model name the CPU vLLM serves (clients put it in `model`)."""
@@ -469,7 +551,19 @@ def load_config(path: Path) -> SlotshiftConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     config = parse_config(data, source=str(path))
-    return _with_key_files(config, path)
+    config = _with_tls_paths(_with_key_files(config, path), path.parent)
+    return _with_admin_token_path(config, path.parent)
+
+
+def _with_admin_token_path(config: SlotshiftConfig, base: Path) -> SlotshiftConfig:
+    """controlplane.admin_token_file made absolute, relative to `base` (the config's folder)."""
+    token_file = config.controlplane.admin_token_file
+    if token_file is None:
+        return config
+    controlplane = config.controlplane.model_copy(
+        update={"admin_token_file": str((base / token_file).absolute())}
+    )
+    return config.model_copy(update={"controlplane": controlplane})
 
 
 def _with_key_files(config: SlotshiftConfig, config_path: Path) -> SlotshiftConfig:
@@ -494,6 +588,39 @@ def _with_key_files(config: SlotshiftConfig, config_path: Path) -> SlotshiftConf
             # Absolute, so that a dump of this config names the file wherever it is read again.
             tenant["api_keys_file"] = str(keys_path.absolute())
     return parse_config(data, source=str(config_path))
+
+
+_Tls = TypeVar("_Tls", ServerTlsConfig, ClientTlsConfig)
+
+
+def _with_tls_paths(config: SlotshiftConfig, base: Path) -> SlotshiftConfig:
+    """Make the TLS sections' file paths absolute, relative to `base` (the config's folder), so
+    that they name the same files whatever the services' working directory."""
+
+    def resolved(tls: _Tls | None) -> _Tls | None:
+        if tls is None:
+            return None
+        paths = {"cert_file": tls.cert_file, "key_file": tls.key_file, "ca_file": tls.ca_file}
+        return tls.model_copy(
+            update={k: str((base / v).absolute()) for k, v in paths.items() if v is not None}
+        )
+
+    controlplane = config.controlplane.model_copy(update={"tls": resolved(config.controlplane.tls)})
+    gateway = config.gateway.model_copy(
+        update={
+            "tls": resolved(config.gateway.tls),
+            "controlplane_tls": resolved(config.gateway.controlplane_tls),
+        }
+    )
+    agent = config.agent.model_copy(
+        update={"controlplane_tls": resolved(config.agent.controlplane_tls)}
+    )
+    pools = [
+        pool.model_copy(update={"engine_tls": resolved(pool.engine_tls)}) for pool in config.pools
+    ]
+    return config.model_copy(
+        update={"pools": pools, "controlplane": controlplane, "gateway": gateway, "agent": agent}
+    )
 
 
 def _keys_in(text: str) -> list[str]:

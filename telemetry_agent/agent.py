@@ -70,6 +70,7 @@ class TelemetryAgent:
             metrics=self.metrics,
             rng=rng,
             tracer=provider.get_tracer("slotshift.telemetry_agent"),
+            tls=config.controlplane_tls,
         )
         self._http = AgentHttpServer(
             self.metrics.registry, self._health, host=config.host, port=config.metrics_port
@@ -91,6 +92,7 @@ class TelemetryAgent:
 
     async def start(self) -> None:
         """Open the HTTP endpoint, then start sampling and streaming."""
+        await self._stream.load_credentials()
         await self._scraper.open()
         try:
             await self._http.start()

@@ -23,6 +23,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 
 from slotshift.clock import Clock
+from slotshift.config import ClientTlsConfig
+from slotshift.tls import ChannelSecurity, load_channel_security, open_channel
 from slotshift.trace_context import carrier_of, grpc_metadata
 from slotshift.v1 import telemetry_pb2, telemetry_pb2_grpc
 from telemetry_agent.agent_metrics import AgentMetrics
@@ -59,8 +61,11 @@ class TelemetryStream:
         metrics: AgentMetrics,
         rng: random.Random | None = None,
         tracer: trace.Tracer | None = None,
+        tls: ClientTlsConfig | None = None,
     ) -> None:
         self._target = target
+        self._tls = tls
+        self._security: ChannelSecurity | None = None
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._backoff = Backoff(reconnect_initial_s, reconnect_max_s, rng or random.Random())
         self._reconnect_max_s = reconnect_max_s
@@ -80,6 +85,11 @@ class TelemetryStream:
     def connected(self) -> bool:
         """Whether a stream to the control plane is open now."""
         return self._connected
+
+    async def load_credentials(self) -> None:
+        """Read the TLS files (if the stream uses TLS) before run(): a missing or bad file fails
+        the agent's start, not each connection attempt."""
+        self._security = await asyncio.to_thread(load_channel_security, self._tls)
 
     def publish(self, report: telemetry_pb2.TelemetryReport) -> None:
         """Hand over the newest report; it replaces an unsent older one."""
@@ -127,7 +137,7 @@ class TelemetryStream:
                 "server.address": self._target,
             },
         )
-        async with grpc.aio.insecure_channel(self._target) as channel:
+        async with open_channel(self._target, self._security) as channel:
             stub = telemetry_pb2_grpc.TelemetryServiceStub(channel)
             # Without a request iterator grpc.aio hands back a call to write() to (its write API);
             # the stubs only describe the iterator form.

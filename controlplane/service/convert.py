@@ -9,10 +9,10 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from controlplane.core.allocation import Allocation
 from controlplane.core.snapshot import Latency, TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
-from controlplane.pool_state import TenantUsage
+from controlplane.pool_state import TenantDirectory, TenantUsage
 from slotshift.apportion import nominal_shares
 from slotshift.config import PoolConfig
-from slotshift.v1 import allocation_pb2, common_pb2, query_pb2
+from slotshift.v1 import admin_pb2, allocation_pb2, common_pb2, gateway_pb2, query_pb2
 
 _OUTCOMES = {
     DecisionOutcome.PUBLISHED: query_pb2.DECISION_OUTCOME_PUBLISHED,
@@ -158,3 +158,46 @@ def _telemetry_input(view: TelemetryView | None) -> query_pb2.TelemetryInput:
         gpu_emulated=view.gpu_emulated,
         gpu_available=view.gpu_available,
     )
+
+
+def directory_to_proto(directory: TenantDirectory) -> gateway_pb2.TenantDirectory:
+    return gateway_pb2.TenantDirectory(
+        pool=directory.pool,
+        config_version=directory.config_version,
+        tenants=[
+            gateway_pb2.TenantKeys(tenant=tenant, api_key_sha256=list(digests))
+            for tenant, digests in directory.tenants.items()
+        ],
+    )
+
+
+def pool_config_to_proto(
+    pool: PoolConfig, config_version: int, key_digests: Mapping[str, tuple[bytes, ...]]
+) -> admin_pb2.PoolConfigView:
+    """The pool's config as the admin API shows it: never a key, only how many there are."""
+    return admin_pb2.PoolConfigView(
+        pool=pool.name,
+        config_version=config_version,
+        budget_slots=pool.budget_slots,
+        policy=pool.policy,
+        decision_period_s=pool.decision_period_s,
+        tenants=[
+            admin_pb2.TenantConfigView(
+                name=t.name,
+                floor_slots=t.floor_slots,
+                ceiling_slots=t.ceiling_slots,
+                weight=t.weight,
+                lendable_percent=t.lendable_percent,
+                borrowing_limit_percent=t.borrowing_limit_percent,
+                ttft_slo_ms=t.ttft_slo_ms,
+                e2e_slo_ms=t.e2e_slo_ms,
+                api_key_count=len(key_digests.get(t.name, ())),
+            )
+            for t in pool.tenants
+        ],
+    )
+
+
+def settings_from_proto(settings: admin_pb2.TenantSettings) -> dict[str, float | int]:
+    """The settings a request sets (its optional fields that are present), by name."""
+    return {field.name: value for field, value in settings.ListFields()}

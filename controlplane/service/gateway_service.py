@@ -68,7 +68,6 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 f"hello.pool: no pool {hello.pool!r} (known: {sorted(self._pools)})",
             )
         assert state is not None  # abort raises; this tells the type checker
-        known = {t.name for t in state.pool.tenants}
         with self._tracer.start_as_current_span(
             "gateway.connect",
             context=parent_from(carrier_from_grpc_metadata(context.invocation_metadata())),
@@ -82,11 +81,11 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             session = state.connect_gateway(
                 hello.gateway_id,
                 hello.applied_version,
-                convert.usage_from_proto(hello.tenants, known),
+                convert.usage_from_proto(hello.tenants, state.known_tenants()),
                 trace_context=carrier_of(span),
             )
         reader = asyncio.create_task(
-            self._read(state, session, request_iterator, known),
+            self._read(state, session, request_iterator),
             name=f"gateway-reader/{hello.gateway_id}",
         )
         writer = asyncio.create_task(
@@ -107,9 +106,10 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         state: PoolState,
         session: GatewaySession,
         messages: AsyncIterator[gateway_pb2.GatewayMessage],
-        known: set[str],
     ) -> None:
         async for message in messages:
+            # Read each time: the admin API adds and removes tenants while gateways stay connected.
+            known = state.known_tenants()
             kind = message.WhichOneof("kind")
             if kind == "demand":
                 demand = message.demand
@@ -133,6 +133,12 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         context: grpc.aio.ServicerContext[object, object],
     ) -> None:
         while (delivery := await session.mailbox.get()) is not None:
+            directory, session.directory = session.directory, None
+            if directory is not None:
+                # Before the allocation, so that the gateway knows every tenant it names.
+                await context.write(
+                    gateway_pb2.ControlMessage(tenants=convert.directory_to_proto(directory))
+                )
             await self._push(delivery, session.gateway_id, context)
 
     async def _push(

@@ -158,22 +158,84 @@ class ControlMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     ALLOCATION_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def allocation(self) -> Global___AllocationUpdate: ...
+    @_builtins.property
+    def tenants(self) -> Global___TenantDirectory: ...
     def __init__(
         self,
         *,
         allocation: Global___AllocationUpdate | None = ...,
+        tenants: Global___TenantDirectory | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "kind", b"kind"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "kind", b"kind", "tenants", b"tenants"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "kind", b"kind"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "kind", b"kind", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["allocation"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["allocation", "tenants"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___ControlMessage: _TypeAlias = ControlMessage  # noqa: Y015
+
+@_typing.final
+class TenantDirectory(_message.Message):
+    """The pool's tenants and the SHA-256 digests of their API keys (never the keys), sent on every
+    connection before the first allocation and again whenever the pool's tenants change (the admin
+    API). A gateway that gets one authenticates exactly these tenants: with these digests and with
+    the keys its own config file gives them. A tenant left out is refused from then on.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    POOL_FIELD_NUMBER: _builtins.int
+    CONFIG_VERSION_FIELD_NUMBER: _builtins.int
+    TENANTS_FIELD_NUMBER: _builtins.int
+    pool: _builtins.str
+    config_version: _builtins.int
+    """The pool's config version the directory belongs to."""
+    @_builtins.property
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantKeys]: ...
+    def __init__(
+        self,
+        *,
+        pool: _builtins.str = ...,
+        config_version: _builtins.int = ...,
+        tenants: _abc.Iterable[Global___TenantKeys] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_version", b"config_version", "pool", b"pool", "tenants", b"tenants"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantDirectory: _TypeAlias = TenantDirectory  # noqa: Y015
+
+@_typing.final
+class TenantKeys(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    API_KEY_SHA256_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    @_builtins.property
+    def api_key_sha256(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """SHA-256 of each API key's UTF-8 bytes."""
+
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        api_key_sha256: _abc.Iterable[_builtins.bytes] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key_sha256", b"api_key_sha256", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantKeys: _TypeAlias = TenantKeys  # noqa: Y015
 
 @_typing.final
 class AllocationUpdate(_message.Message):

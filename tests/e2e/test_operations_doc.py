@@ -26,7 +26,14 @@ from google.protobuf.descriptor import Descriptor
 from grpc_health.v1 import health_pb2
 from prometheus_client.parser import text_string_to_metric_families
 
-from slotshift.v1 import allocation_pb2, common_pb2, gateway_pb2, query_pb2, telemetry_pb2
+from slotshift.v1 import (
+    admin_pb2,
+    allocation_pb2,
+    common_pb2,
+    gateway_pb2,
+    query_pb2,
+    telemetry_pb2,
+)
 from tests.e2e.conftest import ROOT, RunningStack
 from tests.support import wait_until_sync
 
@@ -107,7 +114,9 @@ def _scraped(stack: RunningStack) -> set[str]:
 
 def test_the_doc_has_grpcurl_commands_for_every_query() -> None:
     commands = " ".join(doc_grpcurl_commands())
-    for method in ("ListPools", "GetAllocation", "ListTenants", "GetDecisions", "Health/Check"):
+    queries = ("ListPools", "GetAllocation", "ListTenants", "GetDecisions", "Health/Check")
+    admin = ("GetPoolConfig", "AddTenant", "UpdateTenant", "SetPolicy", "RemoveTenant")
+    for method in (*queries, *admin):
         assert method in commands, f"docs/operations.md shows no grpcurl command for {method}"
 
 
@@ -134,7 +143,8 @@ def _field_names() -> set[str]:
         for nested in descriptor.nested_types:
             walk(nested)
 
-    for module in (allocation_pb2, common_pb2, gateway_pb2, query_pb2, telemetry_pb2, health_pb2):
+    modules = (admin_pb2, allocation_pb2, common_pb2, gateway_pb2, query_pb2, telemetry_pb2)
+    for module in (*modules, health_pb2):
         for message in module.DESCRIPTOR.message_types_by_name.values():
             walk(message)
     return names

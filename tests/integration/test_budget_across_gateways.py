@@ -46,7 +46,9 @@ def _config(engine_url: str, grpc_port: int) -> SlotshiftConfig:
                     ],
                 }
             ],
-            "controlplane": {"grpc_port": grpc_port, "metrics_port": 0},
+            # A short lease: the control plane grants nothing above what the gateways already
+            # enforce for one lease after it starts, and this test wants the budget contended.
+            "controlplane": {"grpc_port": grpc_port, "metrics_port": 0, "gateway_lease_ttl_s": 0.5},
             "gateway": {
                 "port": 0,
                 "controlplane_target": f"127.0.0.1:{grpc_port}",

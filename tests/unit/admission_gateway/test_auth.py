@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from admission_gateway.auth import AuthenticationError, Authenticator, bearer_token
+from admission_gateway.auth import AuthenticationError, Authenticator, bearer_token, key_digest
 from slotshift.config import PoolConfig
 
 AUTHENTICATOR = Authenticator([("key-a", "A"), ("key-a2", "A"), ("key-b", "B")])
@@ -76,3 +76,21 @@ def test_keys_come_from_the_pool_configuration() -> None:
 
 def test_bearer_token_extracts_the_token() -> None:
     assert bearer_token("Bearer abc.def") == "abc.def"
+
+
+def test_replaced_digests_decide_who_is_authenticated() -> None:
+    authenticator = Authenticator([("key-a", "A"), ("key-b", "B")])
+    authenticator.replace_digests([(key_digest("key-a"), "A"), (key_digest("key-c"), "C")])
+    assert authenticator.tenant_for("Bearer key-c") == "C"
+    assert authenticator.tenant_for("Bearer key-a") == "A"
+    with pytest.raises(AuthenticationError) as raised:
+        authenticator.tenant_for("Bearer key-b")
+    assert raised.value.code == "invalid_api_key"
+    assert authenticator.tenants == {"A", "C"}
+
+
+def test_digests_shared_by_two_tenants_change_nothing() -> None:
+    authenticator = Authenticator([("key-a", "A")])
+    with pytest.raises(ValueError, match="share an API key"):
+        authenticator.replace_digests([(key_digest("key-x"), "A"), (key_digest("key-x"), "B")])
+    assert authenticator.tenant_for("Bearer key-a") == "A"

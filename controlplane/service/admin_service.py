@@ -1,0 +1,194 @@
+"""AdminService: changes a pool's tenants and policy at run time (proto/slotshift/v1/admin.proto).
+
+Each change is built as a whole new pool config and validated (controlplane/core/config_change.py);
+the running config is replaced only when the new one is valid. An accepted change bumps the pool's
+config version, is pushed to the gateways (the tenant directory, then a new allocation) and is
+decided on at once, so that the decision log records it (`trigger`: "config vN: ...").
+
+Mutating RPCs need the admin token as `authorization: Bearer TOKEN` metadata, compared in
+constant time; with no token configured they are refused. API keys in requests are turned into
+SHA-256 digests at once and never logged, traced or returned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+from collections.abc import Callable, Mapping
+
+import grpc
+
+from controlplane.core.config_change import (
+    ConfigChangeError,
+    UnknownTenantError,
+    add_tenant,
+    check_new_keys,
+    remove_tenant,
+    set_policy,
+    update_tenant,
+)
+from controlplane.decision_loop import DecisionLoop
+from controlplane.service import convert
+from slotshift.config import PoolConfig
+from slotshift.v1 import admin_pb2, admin_pb2_grpc
+
+logger = logging.getLogger(__name__)
+
+ConfigObserver = Callable[[PoolConfig], None]
+"""Called with a pool's new config once it runs, before the decision that follows (the control
+plane swaps the pool's policy there)."""
+
+_Context = grpc.aio.ServicerContext[object, object]
+_Change = tuple[PoolConfig, Mapping[str, tuple[bytes, ...]], str]
+"""A validated change: the new config, every tenant's key digests, and what changed in words."""
+
+
+class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
+    """The admin API over the pools' decision loops (each owns its pool's state).
+
+    admin_token: the token mutating calls must present; None refuses them all.
+    """
+
+    def __init__(
+        self,
+        loops: Mapping[str, DecisionLoop],
+        *,
+        admin_token: str | None,
+        on_config_change: ConfigObserver | None = None,
+    ) -> None:
+        self._loops = loops
+        self._token_digest = None if admin_token is None else _sha256(admin_token)
+        self._on_config_change = on_config_change
+
+    async def AddTenant(
+        self, request: admin_pb2.AddTenantRequest, context: _Context
+    ) -> admin_pb2.ConfigChangeResponse:
+        loop = await self._authorized_loop(request.pool, context)
+        state = loop.state
+
+        def change() -> _Change:
+            name = _required("tenant", request.tenant)
+            digests = check_new_keys(name, request.api_keys, state.key_digests)
+            pool = add_tenant(state.pool, name, convert.settings_from_proto(request.settings))
+            return pool, {**state.key_digests, name: digests}, f"added tenant {name}"
+
+        return await self._apply(loop, change, context)
+
+    async def RemoveTenant(
+        self, request: admin_pb2.RemoveTenantRequest, context: _Context
+    ) -> admin_pb2.ConfigChangeResponse:
+        loop = await self._authorized_loop(request.pool, context)
+        state = loop.state
+
+        def change() -> _Change:
+            name = _required("tenant", request.tenant)
+            pool = remove_tenant(state.pool, name)
+            return pool, state.key_digests, f"removed tenant {name}"
+
+        return await self._apply(loop, change, context)
+
+    async def UpdateTenant(
+        self, request: admin_pb2.UpdateTenantRequest, context: _Context
+    ) -> admin_pb2.ConfigChangeResponse:
+        loop = await self._authorized_loop(request.pool, context)
+        state = loop.state
+
+        def change() -> _Change:
+            name = _required("tenant", request.tenant)
+            settings = convert.settings_from_proto(request.settings)
+            pool = update_tenant(state.pool, name, settings, request.clear)
+            changed = [f"{k}={v}" for k, v in settings.items()]
+            changed += [f"{k} cleared" for k in request.clear]
+            what = f"updated tenant {name}: {', '.join(changed) or 'nothing'}"
+            return pool, state.key_digests, what
+
+        return await self._apply(loop, change, context)
+
+    async def SetPolicy(
+        self, request: admin_pb2.SetPolicyRequest, context: _Context
+    ) -> admin_pb2.ConfigChangeResponse:
+        loop = await self._authorized_loop(request.pool, context)
+        state = loop.state
+
+        def change() -> _Change:
+            policy = _required("policy", request.policy)
+            pool = set_policy(state.pool, policy)
+            return pool, state.key_digests, f"policy {state.pool.policy} -> {policy}"
+
+        return await self._apply(loop, change, context)
+
+    async def GetPoolConfig(
+        self, request: admin_pb2.GetPoolConfigRequest, context: _Context
+    ) -> admin_pb2.PoolConfigView:
+        state = (await self._loop(request.pool, context)).state
+        return convert.pool_config_to_proto(state.pool, state.config_version, state.key_digests)
+
+    async def _apply(
+        self, loop: DecisionLoop, change: Callable[[], _Change], context: _Context
+    ) -> admin_pb2.ConfigChangeResponse:
+        state = loop.state
+        try:
+            pool, digests, what = change()
+        except ConfigChangeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise  # abort raises; this tells the type checker
+        except UnknownTenantError as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+            raise
+        version = state.replace_config(pool, digests)
+        if self._on_config_change is not None:
+            self._on_config_change(pool)
+        logger.info("pool %s config v%d: %s", pool.name, version, what)
+        record = loop.decide_once(trigger=f"config v{version}: {what}")
+        return admin_pb2.ConfigChangeResponse(
+            config=convert.pool_config_to_proto(pool, version, state.key_digests),
+            decision_id=record.id,
+            allocation_version=state.allocation.version,
+        )
+
+    async def _authorized_loop(self, pool: str, context: _Context) -> DecisionLoop:
+        await self._authorize(context)
+        return await self._loop(pool, context)
+
+    async def _authorize(self, context: _Context) -> None:
+        if self._token_digest is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "the admin API is off: no admin token is configured (put one in a file and set "
+                "controlplane.admin_token_file to its path)",
+            )
+            return
+        presented = ""
+        for key, value in context.invocation_metadata() or ():
+            if key.lower() == "authorization" and isinstance(value, str):
+                scheme, _, token = value.strip().partition(" ")
+                if scheme.lower() == "bearer":
+                    presented = token.strip()
+        if not hmac.compare_digest(_sha256(presented), self._token_digest):
+            await context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "authorization: send the admin token as 'authorization: Bearer TOKEN' metadata",
+            )
+
+    async def _loop(self, name: str, context: _Context) -> DecisionLoop:
+        if not name:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pool: required")
+        loop = self._loops.get(name)
+        if loop is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"pool: no pool {name!r} (known: {sorted(self._loops)})"
+            )
+        assert loop is not None  # abort raises; this tells the type checker
+        return loop
+
+
+def _required(field: str, value: str) -> str:
+    if not value:
+        raise ConfigChangeError(field, "required")
+    return value
+
+
+def _sha256(text: str) -> bytes:
+    # Digests of equal length, so that the comparison's time says nothing of the token's length.
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()
