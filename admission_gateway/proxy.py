@@ -11,7 +11,9 @@ Errors are OpenAI-style JSON bodies (see errors.py):
 - 503 with Retry-After: no slot within queue_timeout_s (the request waited its turn and the
   tenant's limit stayed full), or the gateway is shutting down;
 - 502 the engine could not be reached or dropped the connection; 504 upstream_timeout_s expired;
-- the engine's own error statuses (vLLM's 400, 404, 503, ...) pass through with their bodies.
+- the engine's own error statuses (vLLM's 400, 404, 503, ...) pass through with their bodies;
+  a 503 without Retry-After gets the gateway's, and an error body that is not JSON (a crashed
+  engine's "Internal Server Error") becomes an OpenAI error with the same status.
 
 A streamed response is relayed chunk by chunk as the engine sends it. If the engine fails after
 the stream has begun, the status can no longer change: the gateway ends the stream with an SSE
@@ -353,8 +355,16 @@ class OpenAIProxy:
                 raise _upstream_failed(exc) from None
             if tenant is not None and arrived is not None and upstream.status < 400:
                 self._observe_e2e(tenant, arrived)
+            if upstream.status >= 400 and upstream.content_type != "application/json":
+                # A crashed handler in the engine's web server answers plain text; OpenAI
+                # clients read errors as JSON.
+                raise _engine_error(upstream.status, content)
             response_headers = _forwardable(upstream.headers, _NOT_FORWARDED_DOWNSTREAM)
             response_headers["X-Request-Id"] = request_id
+            if upstream.status == 503 and "Retry-After" not in response_headers:
+                # vLLM's admission rejection (--max-num-queued-reqs) names no time; say when
+                # to come back, as the gateway's own 503s do.
+                response_headers.update(self._retry_after)
             return web.Response(status=upstream.status, body=content, headers=response_headers)
         except BaseException:
             # Closing (not releasing) drops the connection, which is how the engine learns that
@@ -487,6 +497,16 @@ def _upstream_failed(exc: BaseException) -> OpenAIError:
         "The engine could not be reached or closed the connection.",
         error_type="upstream_error",
         code="upstream_unavailable",
+    )
+
+
+def _engine_error(status: int, content: bytes) -> OpenAIError:
+    excerpt = content[:200].decode(errors="replace").strip()
+    return OpenAIError(
+        status,
+        f"The engine failed: {excerpt}" if excerpt else "The engine failed.",
+        error_type="upstream_error",
+        code="engine_error",
     )
 
 
