@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands.add_parser("engine-sim", parents=[common], help="run the vLLM emulator")
     commands.add_parser(
+        "soak",
+        add_help=False,
+        help="run the stack under mixed load (10 minutes by default); report drift, RSS, errors",
+    )
+    commands.add_parser(
         "bench-fidelity",
         add_help=False,
         help="run the emulator at the study's calibration points; print measured vs published",
@@ -87,7 +92,55 @@ def build_parser() -> argparse.ArgumentParser:
         default=24.0,
         help="length of the demo load in seconds (default %(default)s)",
     )
+    up.add_argument(
+        "--engine",
+        choices=["emulator", "vllm"],
+        help="the engine to start: the emulator, or real vLLM on the CPU with a tiny local model "
+        "(slotshift/vllm_cpu; builds its venv the first time); default local_stack.engine",
+    )
+    _add_bench_parser(commands)
     return parser
+
+
+def _add_bench_parser(commands: Any) -> None:
+    # No --config: the benchmark generates the stack's config from the scenario for each run.
+    bench = commands.add_parser(
+        "bench",
+        help="run a benchmark scenario: the local stack once per policy, results and plots",
+    )
+    bench.add_argument("scenario", type=Path, help="the scenario file (bench/scenarios/*.yaml)")
+    bench.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="steady window of each run (default: the scenario's steady_s)",
+    )
+    bench.add_argument(
+        "--warmup",
+        type=float,
+        metavar="SECONDS",
+        help="warm-up of each run (default: the scenario's, shortened with a shorter --duration)",
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="results folder (default results/<scenario>-<timestamp>/)",
+    )
+    bench.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a field of every run's stack config, e.g. "
+        "--set engine_sim.profile=h200-qwen2.5-7b (repeatable)",
+    )
+    bench.add_argument(
+        "--log-level",
+        default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "WARNING"),
+        help="log level of the harness and the stack's services (default %(default)s)",
+    )
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -113,8 +166,18 @@ def main(argv: list[str] | None = None) -> int:
         from engine_sim.fidelity import main as fidelity_main
 
         return fidelity_main(argv[1:])
+    if argv[:1] == ["soak"]:
+        # The soak benchmark has its own flags (--duration-s, --out-dir, ...).
+        from slotshift.soak import main as soak_main
+
+        return soak_main(argv[1:])
     args = build_parser().parse_args(argv)
     configure_logging(args.command, args.log_level)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "up" and args.engine is not None:
+        # An override like any other, so that it reaches the children's config too.
+        args.overrides.append(f"local_stack.engine={args.engine}")
     try:
         config = load(args)
     except ConfigError as exc:
@@ -136,6 +199,24 @@ def main(argv: list[str] | None = None) -> int:
     run, identity = _service(args)
     asyncio.run(_serve(run, config, identity))
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from slotshift.bench.command import run_bench
+
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ConfigError as exc:
+        print(f"slotshift: {exc}", file=sys.stderr)
+        return 2
+    return run_bench(
+        args.scenario,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        out_dir=args.out,
+        overrides=overrides,
+        log_level=args.log_level,
+    )
 
 
 def _service(args: argparse.Namespace) -> tuple[ServiceRun, dict[str, Any]]:

@@ -1,0 +1,385 @@
+"""The benchmark scenario: one YAML file says who sends what, when, and which policies to compare.
+
+Models are frozen and validated on load, in the style of slotshift/config.py: units in field
+names, a docstring per field, unknown fields refused. `bench/scenarios/seed.yaml` is the study's
+setup and a commented example of every section.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    model_validator,
+)
+
+from slotshift.config import PolicyName, PoolConfig, TenantConfig
+
+POOL_BASELINE = "pool"
+"""The baseline that is not a policy: one unpartitioned pool, every tenant's requests in one
+queue under the whole budget (the work-conserving upper bound)."""
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+NonNegativeSeconds = Annotated[float, Field(ge=0)]
+PositiveRate = Annotated[float, Field(gt=0)]
+TokenLength = Annotated[int, Field(ge=1)]
+Name = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")]
+
+RatioField = Literal[
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    "request_goodput",
+    "completed",
+    "p99_ttft_ms",
+    "p99_e2el_ms",
+]
+"""The figures the summary compares between policies (`ratios` in summary.json)."""
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be read or does not validate."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", use_attribute_docstrings=True, validate_default=True
+    )
+
+
+class TokenRange(_Model):
+    """A length drawn uniformly from a range, both ends included."""
+
+    min_tokens: TokenLength
+    """Shortest length."""
+
+    max_tokens: TokenLength
+    """Longest length."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TokenRange:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"min_tokens ({self.min_tokens}) is above max_tokens ({self.max_tokens})"
+            )
+        return self
+
+
+TokenCount = TokenLength | TokenRange
+"""A fixed number of tokens, or a range to draw from."""
+
+
+class ClosedLoopArrival(_Model):
+    """A fixed number of requests outstanding at all times: each completion is replaced at once
+    (the study's back-pressured batch tenant)."""
+
+    kind: Literal["closed_loop"]
+
+    outstanding: Annotated[int, Field(ge=1)]
+    """Requests the tenant keeps outstanding (sent and not yet answered, wherever they wait)."""
+
+
+class PoissonArrival(_Model):
+    """Open loop: requests arrive at exponentially distributed gaps, whatever the answers do."""
+
+    kind: Literal["poisson"]
+
+    rate_per_s: PositiveRate
+    """Mean arrivals per second."""
+
+
+class GammaArrival(_Model):
+    """Open loop with gamma-distributed gaps, as `vllm bench serve --burstiness`: shape b, mean
+    gap 1/rate, coefficient of variation 1/sqrt(b). b = 1 is Poisson; below 1 is burstier."""
+
+    kind: Literal["gamma"]
+
+    rate_per_s: PositiveRate
+    """Mean arrivals per second."""
+
+    burstiness: Annotated[float, Field(gt=0)]
+    """The gamma shape b."""
+
+
+class OnOffArrival(_Model):
+    """Bursts: the tenant is on for on_s, then off for off_s, repeating. While on it either keeps
+    `concurrency` requests outstanding (closed loop) or sends at `rate_per_s` (Poisson); while off
+    it sends nothing new, and what it has outstanding finishes."""
+
+    kind: Literal["on_off"]
+
+    on_s: PositiveSeconds
+    """Length of each burst."""
+
+    off_s: PositiveSeconds
+    """Length of each pause."""
+
+    first_on_s: NonNegativeSeconds = 0.0
+    """When the first burst starts, from the start of the load (warm-up included)."""
+
+    concurrency: Annotated[int, Field(ge=1)] | None = None
+    """Requests kept outstanding while on (closed loop); set this or rate_per_s."""
+
+    rate_per_s: PositiveRate | None = None
+    """Mean arrivals per second while on (Poisson); set this or concurrency."""
+
+    @model_validator(mode="after")
+    def _one_load(self) -> OnOffArrival:
+        if (self.concurrency is None) == (self.rate_per_s is None):
+            raise ValueError("set exactly one of concurrency and rate_per_s")
+        return self
+
+    @property
+    def period_s(self) -> float:
+        return self.on_s + self.off_s
+
+
+Arrival = Annotated[
+    ClosedLoopArrival | PoissonArrival | GammaArrival | OnOffArrival, Field(discriminator="kind")
+]
+
+
+class Slo(_Model):
+    """A tenant's service-level objectives: a request is good (counts toward request_goodput)
+    when it completed and meets every objective set here, as `vllm bench serve --goodput`."""
+
+    ttft_ms: Annotated[float, Field(gt=0)] | None = None
+    """Longest time to first token."""
+
+    tpot_ms: Annotated[float, Field(gt=0)] | None = None
+    """Longest time per output token after the first (a one-token answer meets any)."""
+
+    e2el_ms: Annotated[float, Field(gt=0)] | None = None
+    """Longest end-to-end latency, from sending to the last byte."""
+
+    @model_validator(mode="after")
+    def _something_set(self) -> Slo:
+        if self.ttft_ms is None and self.tpot_ms is None and self.e2el_ms is None:
+            raise ValueError("set at least one of ttft_ms, tpot_ms, e2el_ms")
+        return self
+
+
+class BenchTenant(_Model):
+    """One tenant: how the pool knows it and the load it sends."""
+
+    name: Name
+    """The tenant's name in the pool and in the results."""
+
+    api_keys: Annotated[list[SecretStr], Field(min_length=1)]
+    """Its API keys; the load uses the first, and in the pool baseline every key is mapped back
+    to this tenant client-side."""
+
+    floor_slots: Annotated[int, Field(ge=0)] = 1
+    """Slots it always keeps (the pool's tenant floor)."""
+
+    ceiling_slots: Annotated[int, Field(ge=0)] | None = None
+    """Most slots it may hold; unset means the whole budget."""
+
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    """Its share of the budget relative to the others (static gives the nominal shares)."""
+
+    arrival: Arrival
+    """When it sends requests."""
+
+    prompt_tokens: TokenCount
+    """Prompt length; prompts are random token ids, so the length is exact."""
+
+    output_tokens: TokenCount
+    """Output length; requests set max_tokens to it with ignore_eos, so the length is exact."""
+
+    slo: Slo
+    """Its objectives, for request_goodput."""
+
+
+class PolicyRun(_Model):
+    """One run of the stack: a policy (or the pool baseline) under a name the results use."""
+
+    name: Name
+    """The key of its results (`policies.<name>` in summary.json)."""
+
+    policy: PolicyName | Literal["pool"]
+    """A control-plane policy, or `pool` for the unpartitioned baseline."""
+
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    """Extra stack config for this run only, as dotted paths (`pools.0.fast_path: false`)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_name(cls, data: Any) -> Any:
+        # A bare name is the common case: `policies: [static, demand, pool]`.
+        if isinstance(data, str):
+            return {"name": data, "policy": data}
+        return data
+
+
+class Goal(_Model):
+    """A target for one ratio between two runs, checked and reported with the results."""
+
+    ratio: str
+    """`numerator/denominator`, two run names (`demand/static`)."""
+
+    field: RatioField
+    """The figure compared."""
+
+    tenant: Name | None = None
+    """The tenant whose figure is compared; unset: the total."""
+
+    at_least: float | None = None
+    """The ratio must be at least this (set this or at_most)."""
+
+    at_most: float | None = None
+    """The ratio must be at most this (set this or at_least)."""
+
+    source: str = ""
+    """Where the target comes from."""
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> Goal:
+        if (self.at_least is None) == (self.at_most is None):
+            raise ValueError("set exactly one of at_least and at_most")
+        if self.ratio.count("/") != 1 or not all(self.ratio.split("/")):
+            raise ValueError(f"ratio {self.ratio!r}: expected NUMERATOR/DENOMINATOR run names")
+        return self
+
+    @property
+    def runs(self) -> tuple[str, str]:
+        numerator, denominator = self.ratio.split("/")
+        return numerator, denominator
+
+
+class Scenario(_Model):
+    """A whole benchmark: the pool, the tenants and their load, the runs to compare."""
+
+    name: Name
+    """The scenario's name (results go to results/<name>-<timestamp>/ by default)."""
+
+    description: str = ""
+    """What the scenario reproduces or tests."""
+
+    seed: int
+    """Seeds every random choice (arrival gaps, lengths, prompt tokens), per tenant; every run
+    of the scenario gets the same draws."""
+
+    budget_slots: Annotated[int, Field(ge=1)]
+    """The pool's slot budget."""
+
+    decision_period_s: PositiveSeconds = 2.0
+    """Seconds between two decisions of the control plane."""
+
+    gateways: Annotated[int, Field(ge=1)] = 2
+    """Gateway processes; each tenant's requests are spread over them in turn."""
+
+    tenants: Annotated[list[BenchTenant], Field(min_length=1)]
+    """The tenants and their load."""
+
+    policies: Annotated[list[PolicyRun], Field(min_length=1)]
+    """The runs to compare, in order."""
+
+    warmup_s: NonNegativeSeconds
+    """Seconds of load before the steady window; nothing in them is counted."""
+
+    steady_s: PositiveSeconds
+    """Length of the steady window that every figure is measured over."""
+
+    sample_interval_s: Annotated[float, Field(ge=0.1, le=5.0)] = 0.5
+    """Seconds between two samples of the allocation, the demand and the GPU."""
+
+    request_timeout_s: PositiveSeconds = 300.0
+    """Longest a request may take, from sending to its last byte, before it counts as failed."""
+
+    failure_backoff_s: NonNegativeSeconds = 0.5
+    """Seconds a closed-loop client waits after a failed request before it sends the next (so a
+    refusing gateway is not hammered)."""
+
+    model: str | None = None
+    """The model name requests carry; unset: the first model the gateway lists."""
+
+    config_overrides: dict[str, Any] = Field(default_factory=dict)
+    """Extra stack config for every run, as dotted paths (`engine_sim.profile: h200-qwen2.5-7b`)."""
+
+    goals: list[Goal] = Field(default_factory=list)
+    """Targets checked against the results."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        names = [t.name for t in self.tenants]
+        _no_repeats("tenant names", names)
+        keys = [k.get_secret_value() for t in self.tenants for k in t.api_keys]
+        if len(set(keys)) != len(keys):
+            raise ValueError("an API key is given to more than one tenant (or twice)")
+        _no_repeats("run names", [p.name for p in self.policies])
+        if POOL_BASELINE in names:
+            raise ValueError(f"{POOL_BASELINE!r} is reserved for the pool baseline's tenant")
+        runs = {p.name for p in self.policies}
+        for goal in self.goals:
+            unknown = [r for r in goal.runs if r not in runs]
+            if unknown:
+                raise ValueError(f"goal {goal.ratio}: no run named {unknown[0]!r}")
+            if goal.tenant is not None and goal.tenant not in names:
+                raise ValueError(f"goal {goal.ratio}: no tenant named {goal.tenant!r}")
+        # The pool must be one the control plane accepts: floors within the budget, etc.
+        PoolConfig(
+            name="bench",
+            budget_slots=self.budget_slots,
+            tenants=[
+                TenantConfig(
+                    name=t.name,
+                    floor_slots=t.floor_slots,
+                    ceiling_slots=t.ceiling_slots,
+                    weight=t.weight,
+                )
+                for t in self.tenants
+            ],
+        )
+        return self
+
+    def tenant(self, name: str) -> BenchTenant:
+        """The tenant called `name`; KeyError if there is none."""
+        for tenant in self.tenants:
+            if tenant.name == name:
+                return tenant
+        raise KeyError(name)
+
+    def run(self, name: str) -> PolicyRun:
+        """The run called `name`; KeyError if there is none."""
+        for run in self.policies:
+            if run.name == name:
+                return run
+        raise KeyError(name)
+
+
+def _no_repeats(what: str, values: list[str]) -> None:
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise ValueError(f"{what} repeat: {repeated}")
+
+
+def parse_scenario(data: Mapping[str, Any], *, source: str = "<scenario>") -> Scenario:
+    """Validate a parsed document; ScenarioError names each bad field."""
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise ScenarioError(f"{source}: {problems}") from exc
+
+
+def load_scenario(path: Path) -> Scenario:
+    """Read and validate a scenario file."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from exc
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{path}: expected a mapping at the top level")
+    return parse_scenario(data, source=str(path))

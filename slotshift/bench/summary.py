@@ -1,0 +1,344 @@
+"""The results: summary.json's document and the markdown table, from the runs' records.
+
+summary.json:
+- `policies.<run>.total.<field>` and `policies.<run>.tenants.<tenant>.<field>`: every field of
+  slotshift.bench.stats.RESULT_FIELDS (`vllm bench serve`'s names), plus the study's figures:
+  total: mean_/peak_gpu_utilization_pct and gpu_utilization_emulated, decisions, moves, holds,
+  rejected (the controller in the steady window); per tenant: moves_toward, final_cap_slots (the
+  limit in force at the window's end; null in the pool baseline, where no tenant has a limit of
+  its own), mean_limit_slots and mean_outstanding (the client-side demand).
+- `policies.<run>.controller`: the same trajectory over the control plane's own tenants.
+- `ratios.<a>/<b>`: a's figure over b's for the RatioField figures, total and per tenant.
+- `goals`: the scenario's targets with their values and whether they were met.
+- `meta`: scenario, durations, seed, profile, git commit, and how everything is computed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, get_args
+
+from slotshift.bench.decisions import trajectory
+from slotshift.bench.runner import RunResult
+from slotshift.bench.sampler import Sample
+from slotshift.bench.scenario import POOL_BASELINE, Goal, RatioField, Scenario
+from slotshift.bench.stats import Figure, mean_and_peak, rate, ratio, summarise
+
+RATIO_FIELDS: tuple[str, ...] = get_args(RatioField)
+
+STUDY_TOTAL_FIELDS = (
+    "engine_output_throughput",
+    "mean_gpu_utilization_pct",
+    "peak_gpu_utilization_pct",
+    "gpu_utilization_emulated",
+    "decisions",
+    "moves",
+    "holds",
+    "rejected",
+)
+"""The study's own figures, per run."""
+
+STUDY_TENANT_FIELDS = ("moves_toward", "final_cap_slots", "mean_limit_slots", "mean_outstanding")
+"""The study's figures per tenant."""
+
+WINDOWING = (
+    "A request counts when it starts at or after the steady window's start and ends at or "
+    "before its end (client-side monotonic times, from the start of the warm-up); requests still "
+    "running when the load stops are cancelled and never count. Throughputs divide by the "
+    "window's length (`duration`). Samples (GPU, limits) count when taken inside the window; "
+    "decisions when decided inside it (wall clock)."
+)
+
+DEFINITIONS = {
+    "windowing": WINDOWING,
+    "percentiles": "numpy's default 'linear' method; median = p50; std with ddof=0",
+    "tpot": "(e2el - ttft) / (output tokens - 1), requests with at least 2 output tokens",
+    "itl": "gaps between consecutive text chunks after the first, pooled over requests",
+    "request_goodput": "completed requests meeting every SLO of their tenant, per second "
+    "(a one-token answer meets any TPOT objective)",
+    "move_toward": "a published decision that raised the tenant's limit over the limits in "
+    "force before it; a hold is a decision with outcome HELD",
+    "engine_output_throughput": "the engine's own vllm:generation_tokens_total, its increase "
+    "between the first and last samples in the window per second (server-side, all requests)",
+    "gpu_utilization": "the engine's busy fraction of wall time; from the emulator's "
+    "slotshift_sim_gpu_utilization_percent (labelled emulated) or the agent's NVML reading",
+    "pool_baseline": "one tenant holding every key, floor 0, the whole budget, static policy; "
+    "requests attributed to the scenario's tenants client-side",
+}
+
+
+DISTURBED_LOOP_LAG_P99_MS = 100.0
+"""A run whose harness event loop was this late at p99 (a tenth of the 2 s decision period, ten
+decode steps) shared its CPUs with something else: its timings and throughputs are suspect."""
+
+
+def disturbance(harness: Mapping[str, Any]) -> str | None:
+    """Why a run's figures are suspect, or None when the harness kept up."""
+    lag = harness.get("loop_lag_p99_ms")
+    if lag is None or lag <= DISTURBED_LOOP_LAG_P99_MS:
+        return None
+    return (
+        f"the harness's event loop lagged (p99 {lag:.0f} ms, max "
+        f"{harness.get('loop_lag_max_ms') or 0:.0f} ms; 1-min load average "
+        f"{harness.get('load_average_1m_before', 0):.1f} before, "
+        f"{harness.get('load_average_1m_after', 0):.1f} after): the host's CPUs were contended "
+        "and the emulator, which runs in real time, fell behind; do not compare this run"
+    )
+
+
+def run_summary(scenario: Scenario, result: RunResult) -> dict[str, Any]:
+    """`policies.<run>` for one run."""
+    window = result.window
+    slos = {t.name: t.slo for t in scenario.tenants}
+    total: dict[str, Any] = dict(summarise(result.traces, window, slos))
+    tenants: dict[str, dict[str, Any]] = {
+        t.name: dict(summarise([r for r in result.traces if r.tenant == t.name], window, slos))
+        for t in scenario.tenants
+    }
+    in_window = [s for s in result.samples if window.holds(s.t_s)]
+    mean_gpu, peak_gpu = mean_and_peak(
+        ((s.t_s, s.gpu_utilization_pct) for s in result.samples), window
+    )
+    emulated = {s.gpu_emulated for s in in_window if s.gpu_emulated is not None}
+    start_wall_s, end_wall_s = result.window_wall_s
+    path = trajectory(
+        result.decisions,
+        start_wall_s=start_wall_s,
+        end_wall_s=end_wall_s,
+        tenants=result.stack_tenants,
+    )
+    final_caps = _final_caps(in_window)
+    total.update(
+        engine_output_throughput=rate(
+            ((s.t_s, s.engine_generation_tokens) for s in result.samples), window
+        ),
+        mean_gpu_utilization_pct=mean_gpu,
+        peak_gpu_utilization_pct=peak_gpu,
+        # Mixed sources cannot happen within one run; None: no reading at all.
+        gpu_utilization_emulated=emulated.pop() if len(emulated) == 1 else None,
+        decisions=path.decisions,
+        moves=path.moves,
+        holds=path.holds,
+        rejected=path.rejected,
+    )
+    baseline = result.run.policy == POOL_BASELINE
+    for name, figures in tenants.items():
+        figures.update(
+            moves_toward=path.moves_toward.get(name, 0),
+            final_cap_slots=None if baseline else final_caps.get(name),
+            mean_limit_slots=None if baseline else _mean(s.limits.get(name) for s in in_window),
+            mean_outstanding=_mean(s.outstanding.get(name) for s in in_window),
+        )
+    return {
+        "policy": result.run.policy,
+        "model": result.model,
+        "engine": result.config.local_stack.engine,
+        "profile": result.config.engine_sim.profile,
+        "window_s": [window.start_s, window.end_s],
+        "requests_sent": len(result.traces),
+        "harness": {**result.harness, "disturbed": disturbance(result.harness)},
+        "total": total,
+        "tenants": tenants,
+        "controller": {
+            "tenants": result.stack_tenants,
+            "final_caps": final_caps,
+            "moves_toward": dict(path.moves_toward),
+            "decisions": path.decisions,
+            "moves": path.moves,
+            "holds": path.holds,
+            "rejected": path.rejected,
+        },
+    }
+
+
+def _final_caps(in_window: Sequence[Sample]) -> dict[str, int]:
+    for sample in reversed(in_window):
+        if sample.limits:
+            return dict(sample.limits)
+    return {}
+
+
+def _mean(values: Any) -> float | None:
+    present = [v for v in values if v is not None]
+    return math.fsum(present) / len(present) if present else None
+
+
+def ratio_pairs(runs: Sequence[str], baseline_runs: Sequence[str]) -> list[tuple[str, str]]:
+    """(a, b) for every run a that is not a baseline against every run before it and every
+    baseline: for [static, demand, pool] that is static/pool, demand/static, demand/pool."""
+    pairs = []
+    for index, a in enumerate(runs):
+        if a in baseline_runs:
+            continue
+        for b in runs:
+            if b != a and (b in baseline_runs or runs.index(b) < index):
+                pairs.append((a, b))
+    return pairs
+
+
+def ratios(
+    policies: Mapping[str, Mapping[str, Any]], pairs: Sequence[tuple[str, str]]
+) -> dict[str, Any]:
+    """`ratios.<a>/<b>`: RATIO_FIELDS of a over b, total and per tenant."""
+    document: dict[str, Any] = {}
+    for a, b in pairs:
+        entry: dict[str, Any] = {
+            field: ratio(policies[a]["total"][field], policies[b]["total"][field])
+            for field in RATIO_FIELDS
+        }
+        entry["tenants"] = {
+            tenant: {
+                field: ratio(figures[field], policies[b]["tenants"][tenant][field])
+                for field in RATIO_FIELDS
+            }
+            for tenant, figures in policies[a]["tenants"].items()
+        }
+        document[f"{a}/{b}"] = entry
+    return document
+
+
+def goal_results(
+    goals: Sequence[Goal], policies: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each goal with its value and whether it was met (None: a figure is missing)."""
+    results = []
+    for goal in goals:
+        a, b = goal.runs
+        if a in policies and b in policies:
+            value = ratio(_figure(policies[a], goal), _figure(policies[b], goal))
+        else:
+            value = None
+        met: bool | None = None
+        if value is not None and goal.at_least is not None:
+            met = value >= goal.at_least
+        elif value is not None and goal.at_most is not None:
+            met = value <= goal.at_most
+        results.append({**goal.model_dump(), "value": value, "met": met})
+    return results
+
+
+def _figure(policy: Mapping[str, Any], goal: Goal) -> Figure:
+    figures = policy["total"] if goal.tenant is None else policy["tenants"][goal.tenant]
+    value: Figure = figures[goal.field]
+    return value
+
+
+def summary_document(
+    scenario: Scenario,
+    policies: Mapping[str, Mapping[str, Any]],
+    meta: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The whole summary.json."""
+    runs = [r.name for r in scenario.policies if r.name in policies]
+    baselines = [r.name for r in scenario.policies if r.policy == POOL_BASELINE]
+    return {
+        "meta": {**meta, "definitions": DEFINITIONS},
+        "policies": dict(policies),
+        "ratios": ratios(policies, ratio_pairs(runs, baselines)),
+        "goals": goal_results(scenario.goals, policies),
+    }
+
+
+# --- the markdown table ---------------------------------------------------------------------
+
+_PERFORMANCE_ROWS: tuple[tuple[str, str | None, str, str], ...] = (
+    # (label, tenant or None for total / "*" for each tenant, field, format)
+    ("output throughput (tok/s)", None, "output_throughput", "{:,.0f}"),
+    ("output throughput {tenant} (tok/s)", "*", "output_throughput", "{:,.0f}"),
+    ("delivered output (tok/s)", None, "delivered_output_throughput", "{:,.0f}"),
+    ("delivered output {tenant} (tok/s)", "*", "delivered_output_throughput", "{:,.0f}"),
+    ("engine output (tok/s)", None, "engine_output_throughput", "{:,.0f}"),
+    ("completed requests", None, "completed", "{:,}"),
+    ("completed {tenant}", "*", "completed", "{:,}"),
+    ("requests/s", None, "request_throughput", "{:,.1f}"),
+    ("goodput (req/s)", None, "request_goodput", "{:,.1f}"),
+    ("failed", None, "failed", "{:,}"),
+    ("p99 E2EL (ms)", None, "p99_e2el_ms", "{:,.0f}"),
+    ("p99 E2EL {tenant} (ms)", "*", "p99_e2el_ms", "{:,.0f}"),
+    ("mean TTFT {tenant} (ms)", "*", "mean_ttft_ms", "{:,.0f}"),
+    ("p99 TTFT {tenant} (ms)", "*", "p99_ttft_ms", "{:,.0f}"),
+    ("mean TPOT {tenant} (ms)", "*", "mean_tpot_ms", "{:,.2f}"),
+)
+
+_STUDY_ROWS: tuple[tuple[str, str | None, str, str], ...] = (
+    ("mean GPU utilisation{emulated} (%)", None, "mean_gpu_utilization_pct", "{:.1f}"),
+    ("peak GPU utilisation{emulated} (%)", None, "peak_gpu_utilization_pct", "{:.1f}"),
+    ("moves toward {tenant}", "*", "moves_toward", "{}"),
+    ("holds", None, "holds", "{}"),
+    ("mean limit {tenant} (slots)", "*", "mean_limit_slots", "{:.1f}"),
+    ("final cap {tenant} (slots)", "*", "final_cap_slots", "{}"),
+)
+
+
+def markdown_table(document: Mapping[str, Any]) -> str:
+    """The results as a markdown table: one column per run, then one per ratio."""
+    policies: Mapping[str, Any] = document["policies"]
+    runs = list(policies)
+    pairs = list(document["ratios"])
+    tenants = list(next(iter(policies.values()))["tenants"]) if policies else []
+    emulated = any(p["total"].get("gpu_utilization_emulated") for p in policies.values())
+    header = ["figure", *runs, *pairs]
+    lines = [_row(header), _row(["---"] + ["---:"] * (len(header) - 1))]
+    for rows, with_ratios in ((_PERFORMANCE_ROWS, True), (_STUDY_ROWS, False)):
+        for label, which, field, fmt in rows:
+            for tenant in tenants if which == "*" else [None]:
+                text = label.format(tenant=tenant, emulated=", emulated" if emulated else "")
+                cells = [_cell(_lookup(policies[r], tenant, field), fmt) for r in runs]
+                ratio_cells = []
+                for pair in pairs:
+                    a, b = pair.split("/")
+                    value = (
+                        ratio(
+                            _lookup(policies[a], tenant, field), _lookup(policies[b], tenant, field)
+                        )
+                        if with_ratios
+                        else None
+                    )
+                    ratio_cells.append(_cell(value, "{:.3f}"))
+                lines.append(_row([text, *cells, *ratio_cells]))
+    for run in runs:
+        reason = policies[run].get("harness", {}).get("disturbed")
+        if reason:
+            lines.append("")
+            lines.append(f"WARNING: run {run}: {reason}.")
+    goals = document.get("goals") or []
+    if goals:
+        lines.append("")
+        lines.append("| goal | value | target | met |")
+        lines.append("| --- | ---: | ---: | --- |")
+        for goal in goals:
+            scope = "total" if goal["tenant"] is None else f"tenant {goal['tenant']}"
+            target = (
+                f">= {goal['at_least']:g}"
+                if goal["at_least"] is not None
+                else f"<= {goal['at_most']:g}"
+            )
+            met = {True: "yes", False: "NO", None: "-"}[goal["met"]]
+            lines.append(
+                _row(
+                    [
+                        f"{goal['ratio']} {goal['field']} ({scope})",
+                        _cell(goal["value"], "{:.3f}"),
+                        target,
+                        met,
+                    ]
+                )
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _lookup(policy: Mapping[str, Any], tenant: str | None, field: str) -> Figure:
+    figures = policy["total"] if tenant is None else policy["tenants"].get(tenant, {})
+    value: Figure = figures.get(field)
+    return value
+
+
+def _cell(value: Figure, fmt: str) -> str:
+    if value is None:
+        return "-"
+    return fmt.format(value)
+
+
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"

@@ -1,0 +1,154 @@
+"""summary.json's document and the markdown table, from synthetic runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slotshift.bench.scenario import Scenario, parse_scenario
+from slotshift.bench.stats import RESULT_FIELDS
+from slotshift.bench.summary import (
+    STUDY_TENANT_FIELDS,
+    STUDY_TOTAL_FIELDS,
+    markdown_table,
+    ratio_pairs,
+    run_summary,
+    summary_document,
+)
+from tests.unit.bench.runs import run_result, sample
+from tests.unit.bench.traces import done
+
+
+def _scenario() -> Scenario:
+    return parse_scenario(
+        {
+            "name": "mini",
+            "seed": 1,
+            "budget_slots": 8,
+            "warmup_s": 2.0,
+            "steady_s": 8.0,
+            "policies": ["static", "demand", "pool"],
+            "tenants": [
+                {
+                    "name": name,
+                    "api_keys": [f"key-{name}"],
+                    "arrival": {"kind": "closed_loop", "outstanding": 2},
+                    "prompt_tokens": 4,
+                    "output_tokens": 4,
+                    "slo": {"e2el_ms": 1000},
+                }
+                for name in ("A", "B")
+            ],
+            "goals": [
+                {"ratio": "demand/static", "field": "output_throughput", "at_least": 1.5},
+                {"ratio": "demand/static", "field": "completed", "tenant": "B", "at_least": 1.0},
+                {"ratio": "demand/pool", "field": "p99_e2el_ms", "at_most": 1.0},
+            ],
+        }
+    )
+
+
+SCENARIO = _scenario()
+
+
+def test_a_runs_summary_has_every_field_for_the_total_and_each_tenant() -> None:
+    summary = run_summary(SCENARIO, run_result(SCENARIO, "demand"))
+    assert set(summary["total"]) == set(RESULT_FIELDS) | set(STUDY_TOTAL_FIELDS)
+    for tenant in ("A", "B"):
+        assert set(summary["tenants"][tenant]) == set(RESULT_FIELDS) | set(STUDY_TENANT_FIELDS)
+    assert summary["total"]["completed"] == 3
+    assert summary["tenants"]["A"]["completed"] == 2
+    assert summary["tenants"]["B"]["total_output_tokens"] == 8
+
+
+def test_the_studys_figures_come_from_samples_and_decisions() -> None:
+    samples = [sample(t / 2, {"A": 4, "B": 4}, gpu=50.0) for t in range(4)]  # 0 .. 1.5 s
+    samples += [sample(2.0 + t, {"A": 2, "B": 6}, gpu=60.0 + 10 * t) for t in range(4)]
+    samples.append(sample(10.5, {"A": 8, "B": 0}, gpu=100.0))  # after the window
+    summary = run_summary(SCENARIO, run_result(SCENARIO, "demand", samples=samples))
+    total, a, b = summary["total"], summary["tenants"]["A"], summary["tenants"]["B"]
+    assert total["mean_gpu_utilization_pct"] == pytest.approx(75.0)
+    assert total["peak_gpu_utilization_pct"] == 90.0
+    assert total["gpu_utilization_emulated"] is True
+    assert total["engine_output_throughput"] == pytest.approx(1000.0)
+    assert (total["decisions"], total["moves"], total["holds"]) == (2, 1, 1)
+    assert (a["moves_toward"], b["moves_toward"]) == (0, 1)
+    assert (a["final_cap_slots"], b["final_cap_slots"]) == (2, 6)
+    assert a["mean_limit_slots"] == 2.0
+    assert summary["controller"]["final_caps"] == {"A": 2, "B": 6}
+
+
+def test_the_pool_baseline_has_no_caps_per_tenant() -> None:
+    summary = run_summary(SCENARIO, run_result(SCENARIO, "pool", decisions=[]))
+    assert summary["tenants"]["A"]["final_cap_slots"] is None
+    assert summary["tenants"]["A"]["mean_limit_slots"] is None
+    assert summary["tenants"]["A"]["moves_toward"] == 0
+    assert summary["controller"]["final_caps"] == {"pool": 8}
+
+
+def test_ratio_pairs_compare_each_policy_with_earlier_ones_and_the_baselines() -> None:
+    pairs = ratio_pairs(["static", "demand", "pool"], ["pool"])
+    assert pairs == [("static", "pool"), ("demand", "static"), ("demand", "pool")]
+
+
+def _document() -> dict[str, Any]:
+    faster = [
+        done("A", 3.0, 0.1, [0.01] * 3),
+        done("A", 4.0, 0.2, [0.01] * 3),
+        done("B", 3.0, 0.5, [0.02] * 7),
+        done("B", 5.0, 0.5, [0.02] * 7),
+    ]
+    policies = {
+        "static": run_summary(SCENARIO, run_result(SCENARIO, "static")),
+        "demand": run_summary(SCENARIO, run_result(SCENARIO, "demand", traces=faster)),
+        "pool": run_summary(SCENARIO, run_result(SCENARIO, "pool")),
+    }
+    return summary_document(SCENARIO, policies, {"scenario": "mini"})
+
+
+def test_the_document_has_meta_ratios_and_goals() -> None:
+    document = _document()
+    assert document["meta"]["scenario"] == "mini"
+    assert "windowing" in document["meta"]["definitions"]
+    assert set(document["ratios"]) == {"static/pool", "demand/static", "demand/pool"}
+    demand_static = document["ratios"]["demand/static"]
+    assert demand_static["output_throughput"] == pytest.approx(24 / 16)
+    assert demand_static["completed"] == pytest.approx(4 / 3)
+    assert demand_static["tenants"]["B"]["output_throughput"] == pytest.approx(2.0)
+    assert demand_static["tenants"]["A"]["output_throughput"] == pytest.approx(1.0)
+    goals = {(g["ratio"], g["field"]): g for g in document["goals"]}
+    assert goals["demand/static", "output_throughput"]["met"] is True
+    assert goals["demand/static", "completed"]["value"] == pytest.approx(2.0)
+    assert goals["demand/static", "completed"]["met"] is True
+    # demand's p99 is its slowest request; pool's interpolates below it, with fewer requests.
+    assert goals["demand/pool", "p99_e2el_ms"]["value"] > 1.0
+    assert goals["demand/pool", "p99_e2el_ms"]["met"] is False
+
+
+def test_the_markdown_table_has_a_column_per_run_and_ratio() -> None:
+    table = markdown_table(_document())
+    header = table.splitlines()[0]
+    assert (
+        header == "| figure | static | demand | pool | static/pool | demand/static | demand/pool |"
+    )
+    throughput = next(
+        line for line in table.splitlines() if line.startswith("| output throughput (tok/s)")
+    )
+    assert throughput.split("|")[2].strip() == "2"  # 16 tokens in 8 s
+    assert "| 1.500 |" in throughput
+    assert "| final cap B (slots) | 4 | 4 | - |" in table
+    assert "| demand/static output_throughput (total) | 1.500 | >= 1.5 | yes |" in table
+
+
+def test_a_run_whose_harness_fell_behind_is_flagged() -> None:
+    result = run_result(SCENARIO, "demand")
+    result.harness = {"loop_lag_p99_ms": 750.0, "loop_lag_max_ms": 3600.0}
+    summary = run_summary(SCENARIO, result)
+    assert "fell behind" in summary["harness"]["disturbed"]
+    document = summary_document(SCENARIO, {"demand": summary}, {})
+    assert "WARNING: run demand: the harness's event loop lagged (p99 750 ms" in markdown_table(
+        document
+    )
+    calm = run_summary(SCENARIO, run_result(SCENARIO, "static"))
+    assert calm["harness"]["disturbed"] is None

