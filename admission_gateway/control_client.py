@@ -305,6 +305,13 @@ class ControlClient:
                 self._target,
                 why,
             )
+        elif self._state.controlplane_lost():
+            logger.warning(
+                "lost the control plane at %s (%s); cut to at most the fallback split until it "
+                "is back",
+                self._target,
+                why,
+            )
         else:
             logger.warning(
                 "lost the control plane at %s (%s); enforcing allocation %d until it is back",

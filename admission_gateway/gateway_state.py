@@ -91,6 +91,8 @@ class GatewayState:
     def __init__(self, pool: PoolConfig, gateway: GatewayConfig, clock: Clock) -> None:
         self.pool_name = pool.name
         limits = fallback_limits(pool, gateway.fallback_replicas)
+        self._fallback = dict(limits)
+        self._on_controlplane_loss = gateway.on_controlplane_loss
 
         def new_window() -> LatencyWindow:
             return LatencyWindow(
@@ -139,6 +141,21 @@ class GatewayState:
             return False
         self._tenants[name] = self._new_tenant(name, 0)
         return True
+
+    def controlplane_lost(self) -> bool:
+        """The stream to the control plane broke. With `on_controlplane_loss: fallback`, cut
+        every tenant to at most its static fallback split (running requests finish); returns
+        whether anything was cut."""
+        if self._on_controlplane_loss != "fallback":
+            return False
+        cut = False
+        for name, tenant in self._tenants.items():
+            limit = tenant.admission.limit_slots
+            conservative = min(limit, self._fallback.get(name, 0))
+            if conservative < limit:
+                tenant.admission.resize(conservative)
+                cut = True
+        return cut
 
     def apply_allocation(
         self,

@@ -323,6 +323,12 @@ class GatewayConfig(_Model):
     report_interval_s: PositiveSeconds = 0.25
     """Seconds between two demand reports to the control plane."""
 
+    on_controlplane_loss: Literal["keep", "fallback"] = "keep"
+    """What a gateway enforces when its stream to the control plane breaks: `keep` the last
+    allocation it applied (fail-static), or `fallback`: each tenant's limit becomes the smaller of
+    that and its static fallback split, so that the gateway never holds more than its static
+    share while nobody coordinates it (more conservative; lent slots are not used meanwhile)."""
+
     fallback_replicas: Annotated[int, Field(ge=1)] = 2
     """Replicas the static fallback split assumes: before it first hears from the control plane,
     each gateway admits up to the tenant's nominal share divided by this, so that that many

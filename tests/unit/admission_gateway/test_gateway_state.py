@@ -1,0 +1,48 @@
+"""What a gateway enforces when it loses the control plane: the last allocation, or with
+`on_controlplane_loss: fallback` never more than its static fallback split."""
+
+from __future__ import annotations
+
+from admission_gateway.gateway_state import GatewayState, TenantLimit
+from slotshift.clock import ManualClock
+from slotshift.config import GatewayConfig, PoolConfig, TenantConfig
+
+POOL = PoolConfig(
+    name="p",
+    budget_slots=96,
+    tenants=[TenantConfig(name="A", floor_slots=4), TenantConfig(name="B", floor_slots=4)],
+)
+
+
+def _state(mode: str) -> GatewayState:
+    state = GatewayState(
+        POOL,
+        GatewayConfig(fallback_replicas=2, on_controlplane_loss=mode),
+        ManualClock(),
+    )
+    assert state.apply_allocation(
+        3,
+        [
+            TenantLimit("A", target_slots=2, limit_slots=2),
+            TenantLimit("B", target_slots=46, limit_slots=46),
+        ],
+    )
+    return state
+
+
+def _limits(state: GatewayState) -> dict[str, int]:
+    return {name: tenant.admission.limit_slots for name, tenant in state.tenants.items()}
+
+
+def test_keep_enforces_the_last_allocation() -> None:
+    state = _state("keep")
+    assert not state.controlplane_lost()
+    assert _limits(state) == {"A": 2, "B": 46}
+
+
+def test_fallback_cuts_each_tenant_to_at_most_its_static_split() -> None:
+    state = _state("fallback")
+    assert state.controlplane_lost()
+    # The fallback split is each nominal share (48) over two replicas: 24. A keeps its 2.
+    assert _limits(state) == {"A": 2, "B": 24}
+    assert state.applied_version == 3, "the version in force does not change"
