@@ -293,7 +293,11 @@ class _Reply:
                 "Cache-Control": "no-cache",
             }
         )
-        await response.prepare(request)
+        try:
+            await response.prepare(request)
+        except ConnectionResetError:
+            # The client left before the first byte; the caller aborts the request in the engine.
+            return response
         prompt_tokens = generation.prompt_tokens
         continuous = generation.continuous_usage
         try:

@@ -42,7 +42,7 @@ def plot_throughput(
     policies: Mapping[str, Mapping[str, Any]], tenants: Sequence[str], path: Path
 ) -> None:
     """Stacked bars: each run's output throughput in the steady window, split by tenant."""
-    figure = Figure(figsize=(1.8 + 1.6 * len(policies), 4.2), dpi=DPI)
+    figure = Figure(figsize=(2.6 + 1.6 * len(policies), 4.2), dpi=DPI)
     axes = figure.subplots()
     colours = tenant_colours(tenants)
     runs = list(policies)
@@ -65,7 +65,7 @@ def plot_throughput(
     axes.set_ylabel("output tokens/s (steady window)")
     axes.set_title("Output throughput per run and tenant")
     axes.set_ylim(0, max(bottoms, default=1.0) * 1.15 or 1.0)
-    axes.legend(loc="lower right")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), title="tenant")
     figure.tight_layout()
     figure.savefig(path)
 
