@@ -7,17 +7,14 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.e2e.service_processes import grpc_serving, http_ok
 from tests.support import free_port, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,25 +45,6 @@ class RunningStack:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _grpc_serving(target: str) -> bool:
-    with grpc.insecure_channel(target) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=1
-            )
-        except grpc.RpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 @contextmanager
@@ -120,9 +98,9 @@ def running_stack(
             lambda: (
                 process.poll() is not None
                 or (
-                    _grpc_serving(stack.grpc_target)
-                    and all(_http_ok(f"{url}/ready") for url in stack.gateway_urls)
-                    and _http_ok(f"http://127.0.0.1:{agent_metrics}/health")
+                    grpc_serving(stack.grpc_target)
+                    and all(http_ok(f"{url}/ready") for url in stack.gateway_urls)
+                    and http_ok(f"http://127.0.0.1:{agent_metrics}/health")
                 )
             ),
             timeout_s=60,

@@ -12,17 +12,14 @@ import os
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from slotshift.vllm_cpu import VllmCpuPaths, ensure_environment, ensure_model
+from tests.e2e.service_processes import grpc_serving, http_ok
 from tests.otlp_receiver import OtlpReceiver, receiver_thread
 from tests.support import free_port, wait_until_sync
 
@@ -70,25 +67,6 @@ class VllmStack:
             if "Route:" not in line
         ]
         return "\n".join(text[-lines:])
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def _grpc_serving(target: str) -> bool:
-    with grpc.insecure_channel(target) as channel:
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(
-                health_pb2.HealthCheckRequest(), timeout=1
-            )
-        except grpc.RpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 @pytest.fixture(scope="session")
@@ -143,10 +121,10 @@ def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
                 lambda: (
                     process.poll() is not None
                     or (
-                        _http_ok(f"{stack.vllm_url}/health")
-                        and _grpc_serving(stack.grpc_target)
-                        and all(_http_ok(f"{url}/ready") for url in stack.gateway_urls)
-                        and _http_ok(f"http://127.0.0.1:{agent_metrics}/health")
+                        http_ok(f"{stack.vllm_url}/health")
+                        and grpc_serving(stack.grpc_target)
+                        and all(http_ok(f"{url}/ready") for url in stack.gateway_urls)
+                        and http_ok(f"http://127.0.0.1:{agent_metrics}/health")
                     )
                 ),
                 timeout_s=READY_TIMEOUT_S + 60,
@@ -164,4 +142,4 @@ def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
                     process.kill()
                     process.wait()
         assert process.returncode == 0, f"slotshift up did not stop cleanly:\n{stack.log_tail()}"
-        assert not _http_ok(f"{stack.vllm_url}/health"), "vLLM outlived slotshift up"
+        assert not http_ok(f"{stack.vllm_url}/health"), "vLLM outlived slotshift up"
