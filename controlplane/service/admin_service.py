@@ -30,6 +30,7 @@ from controlplane.core.config_change import (
 )
 from controlplane.decision_loop import DecisionLoop
 from controlplane.service import convert
+from controlplane.service.lookup import find_pool
 from slotshift.config import PoolConfig
 from slotshift.v1 import admin_pb2, admin_pb2_grpc
 
@@ -172,15 +173,7 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
             )
 
     async def _loop(self, name: str, context: _Context) -> DecisionLoop:
-        if not name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pool: required")
-        loop = self._loops.get(name)
-        if loop is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"pool: no pool {name!r} (known: {sorted(self._loops)})"
-            )
-        assert loop is not None  # abort raises; this tells the type checker
-        return loop
+        return await find_pool(self._loops, name, context)
 
 
 def _required(field: str, value: str) -> str:

@@ -8,6 +8,7 @@ import grpc
 
 from controlplane.pool_state import PoolState
 from controlplane.service import convert
+from controlplane.service.lookup import find_pool
 from slotshift.v1 import allocation_pb2, query_pb2, query_pb2_grpc
 
 DEFAULT_DECISIONS = 20
@@ -22,15 +23,7 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
     async def _pool(
         self, name: str, context: grpc.aio.ServicerContext[object, object]
     ) -> PoolState:
-        if not name:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "pool: required")
-        state = self._pools.get(name)
-        if state is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"pool: no pool {name!r} (known: {sorted(self._pools)})"
-            )
-        assert state is not None  # abort raises; this tells the type checker
-        return state
+        return await find_pool(self._pools, name, context)
 
     async def GetAllocation(
         self,
