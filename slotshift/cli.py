@@ -137,6 +137,12 @@ def _add_bench_parser(commands: Any) -> None:
         "--set engine_sim.profile=h200-qwen2.5-7b (repeatable)",
     )
     bench.add_argument(
+        "--runs",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        metavar="NAME[,NAME]",
+        help="make only these of the scenario's runs (default: all, in the scenario's order)",
+    )
+    bench.add_argument(
         "--log-level",
         default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "WARNING"),
         help="log level of the harness and the stack's services (default %(default)s)",
@@ -215,6 +221,7 @@ def _bench(args: argparse.Namespace) -> int:
         warmup_s=args.warmup,
         out_dir=args.out,
         overrides=overrides,
+        runs=args.runs,
         log_level=args.log_level,
     )
 

@@ -17,6 +17,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -61,15 +62,34 @@ def run_bench(
     warmup_s: float | None = None,
     out_dir: Path | None = None,
     overrides: dict[str, Any] | None = None,
+    runs: Sequence[str] | None = None,
     log_level: str = "WARNING",
     out: TextIO = sys.stdout,
 ) -> int:
-    """Run the benchmark; the exit status (0 done, 1 a run failed, 2 a bad scenario or config)."""
+    """Run the benchmark; the exit status (0 done, 1 a run failed, 2 a bad scenario or config).
+
+    runs: the scenario's runs to make, by name, in the scenario's order; None: all of them.
+    Goals on a run left out are reported without a value.
+    """
     try:
         scenario = load_scenario(scenario_path)
     except ScenarioError as exc:
         print(f"slotshift bench: invalid scenario: {exc}", file=sys.stderr)
         return 2
+    if runs is not None:
+        known = [r.name for r in scenario.policies]
+        unknown = [name for name in runs if name not in known]
+        if unknown or not runs:
+            print(
+                f"slotshift bench: --runs: no run named {unknown[0]!r} in the scenario; "
+                f"its runs: {', '.join(known)}"
+                if unknown
+                else "slotshift bench: --runs names no run",
+                file=sys.stderr,
+            )
+            return 2
+        selected = [r for r in scenario.policies if r.name in runs]
+        scenario = scenario.model_copy(update={"policies": selected})
     if duration_s is not None and duration_s <= 0:
         print("slotshift bench: --duration must be positive", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -43,6 +43,9 @@ RatioField = Literal[
     "p99_e2el_ms",
 ]
 """The figures the summary compares between policies (`ratios` in summary.json)."""
+
+ValueField = Literal["reclaim_median_s", "reclaim_p90_s"]
+"""Figures a goal may bound within one run (they are times, not compared between runs)."""
 
 
 class ScenarioError(ValueError):
@@ -186,6 +189,14 @@ class BenchTenant(_Model):
     weight: Annotated[float, Field(gt=0)] = 1.0
     """Its share of the budget relative to the others (static gives the nominal shares)."""
 
+    lendable_percent: Annotated[float, Field(ge=0, le=100)] = 100.0
+    """How much of its nominal share the slo policy may lend out; the rest is a reserve it
+    always holds (the pool's tenant setting of the same name; other policies ignore it)."""
+
+    borrowing_limit_percent: Annotated[float, Field(ge=0)] | None = None
+    """Most the slo policy lets it hold above its nominal share, in percent of that share;
+    unset: up to its ceiling (the pool's tenant setting of the same name)."""
+
     arrival: Arrival
     """When it sends requests."""
 
@@ -196,7 +207,8 @@ class BenchTenant(_Model):
     """Output length; requests set max_tokens to it with ignore_eos, so the length is exact."""
 
     slo: Slo
-    """Its objectives, for request_goodput."""
+    """Its objectives, for request_goodput; the TTFT and end-to-end ones are also the pool's
+    tenant SLOs (ttft_slo_ms, e2e_slo_ms), which the slo policy steers by."""
 
 
 class PolicyRun(_Model):
@@ -221,22 +233,25 @@ class PolicyRun(_Model):
 
 
 class Goal(_Model):
-    """A target for one ratio between two runs, checked and reported with the results."""
+    """A target for one figure: the ratio between two runs, or one run's own value."""
 
-    ratio: str
-    """`numerator/denominator`, two run names (`demand/static`)."""
+    ratio: str | None = None
+    """`numerator/denominator`, two run names (`demand/static`); set this or run."""
 
-    field: RatioField
-    """The figure compared."""
+    run: Name | None = None
+    """A run whose own value is bounded (`slo` with reclaim_median_s); set this or ratio."""
+
+    field: RatioField | ValueField
+    """The figure: a RatioField for a ratio, a ValueField for one run's value."""
 
     tenant: Name | None = None
     """The tenant whose figure is compared; unset: the total."""
 
     at_least: float | None = None
-    """The ratio must be at least this (set this or at_most)."""
+    """The figure must be at least this (set this or at_most)."""
 
     at_most: float | None = None
-    """The ratio must be at most this (set this or at_least)."""
+    """The figure must be at most this (set this or at_least)."""
 
     source: str = ""
     """Where the target comes from."""
@@ -245,12 +260,27 @@ class Goal(_Model):
     def _one_bound(self) -> Goal:
         if (self.at_least is None) == (self.at_most is None):
             raise ValueError("set exactly one of at_least and at_most")
-        if self.ratio.count("/") != 1 or not all(self.ratio.split("/")):
-            raise ValueError(f"ratio {self.ratio!r}: expected NUMERATOR/DENOMINATOR run names")
+        if (self.ratio is None) == (self.run is None):
+            raise ValueError("set exactly one of ratio and run")
+        if self.ratio is not None:
+            if self.ratio.count("/") != 1 or not all(self.ratio.split("/")):
+                raise ValueError(f"ratio {self.ratio!r}: expected NUMERATOR/DENOMINATOR run names")
+            if self.field in get_args(ValueField):
+                raise ValueError(f"{self.field} is bounded within one run: use run, not ratio")
+        elif self.field not in get_args(ValueField):
+            raise ValueError(f"{self.field} is compared between runs: use ratio, not run")
         return self
 
     @property
-    def runs(self) -> tuple[str, str]:
+    def label(self) -> str:
+        """How tables name the goal: its ratio or its run."""
+        return self.ratio if self.ratio is not None else str(self.run)
+
+    @property
+    def runs(self) -> tuple[str, ...]:
+        """The runs the goal reads: numerator and denominator, or the one run."""
+        if self.ratio is None:
+            return (str(self.run),)
         numerator, denominator = self.ratio.split("/")
         return numerator, denominator
 
@@ -322,9 +352,9 @@ class Scenario(_Model):
         for goal in self.goals:
             unknown = [r for r in goal.runs if r not in runs]
             if unknown:
-                raise ValueError(f"goal {goal.ratio}: no run named {unknown[0]!r}")
+                raise ValueError(f"goal {goal.label}: no run named {unknown[0]!r}")
             if goal.tenant is not None and goal.tenant not in names:
-                raise ValueError(f"goal {goal.ratio}: no tenant named {goal.tenant!r}")
+                raise ValueError(f"goal {goal.label}: no tenant named {goal.tenant!r}")
         # The pool must be one the control plane accepts: floors within the budget, etc.
         PoolConfig(
             name="bench",
@@ -335,6 +365,8 @@ class Scenario(_Model):
                     floor_slots=t.floor_slots,
                     ceiling_slots=t.ceiling_slots,
                     weight=t.weight,
+                    lendable_percent=t.lendable_percent,
+                    borrowing_limit_percent=t.borrowing_limit_percent,
                 )
                 for t in self.tenants
             ],

@@ -76,6 +76,10 @@ def stack_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
                 "floor_slots": t.floor_slots,
                 "ceiling_slots": t.ceiling_slots,
                 "weight": t.weight,
+                "lendable_percent": t.lendable_percent,
+                "borrowing_limit_percent": t.borrowing_limit_percent,
+                "ttft_slo_ms": t.slo.ttft_ms,
+                "e2e_slo_ms": t.slo.e2el_ms,
             }
             for t in scenario.tenants
         ]

@@ -2,11 +2,14 @@
 
 Definitions (each as vllm/benchmarks/serve.py computes it, unless said otherwise):
 
-- Windowing: a request counts when it STARTS at or after the steady window's start and ENDS at
-  or before its end (client-side times); requests cancelled when the load stopped never count.
-  Every throughput divides by the window's length (`duration`). This is stricter than vLLM's,
-  which counts every request of the run and divides by the run's wall time: requests that
-  straddle an edge of the window are left out at both edges alike.
+- Windowing: a request counts when it ENDS inside the steady window (client-side times), the
+  study's "completed in the window", wherever it started (the warm-up is there so that the
+  first requests to end in the window ran under steady load); requests cancelled when the load
+  stopped never count. Every throughput divides by the window's length (`duration`). vLLM
+  counts every request of the run and divides by the run's wall time, which no steady window
+  allows. Counting by end alone keeps the throughput unbiased: asking that a request also START
+  inside the window would leave out, in every run, the whole population a closed loop has
+  outstanding at the window's start, a fixed number that inflates every ratio between runs.
 - completed / failed: counted requests that finished in full / failed.
 - request_throughput = completed / duration; output_throughput = output tokens of completed
   requests / duration; total_token_throughput = (their prompt + output tokens) / duration.
@@ -16,9 +19,8 @@ Definitions (each as vllm/benchmarks/serve.py computes it, unless said otherwise
 - request_goodput = completed requests that meet every SLO of their tenant / duration; a request
   with a single output token meets any TPOT objective (vLLM counts its TPOT as 0).
 - delivered_output_throughput (not a vLLM field): text chunks received inside the window by
-  every request, whether or not it started or ended there, per second of the window. It is free
-  of the windowing's edge effect, which leaves out more of a tenant's work the longer its
-  requests take.
+  every request, whether or not it ended there, per second of the window: the tokens of
+  requests still running at the window's end count too.
 - Percentiles: numpy's default method ('linear'): for n sorted values x and q in [0, 100],
   h = (n - 1) q / 100 and the result is x[floor h] + (h - floor h)(x[floor h + 1] - x[floor h]).
   The median is the 50th percentile; std is the population standard deviation (numpy's ddof=0).
@@ -94,12 +96,11 @@ class Window:
         return self.end_s - self.start_s
 
     def counts(self, trace: RequestTrace) -> bool:
-        """Whether the request started and ended inside the window (see the module's doc)."""
+        """Whether the request ended inside the window (see the module's doc)."""
         return (
             trace.status in (RequestStatus.OK, RequestStatus.FAILED)
             and trace.end_s is not None
-            and trace.start_s >= self.start_s
-            and trace.end_s <= self.end_s
+            and self.holds(trace.end_s)
         )
 
     def holds(self, t_s: float) -> bool:

@@ -19,10 +19,13 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, get_args
 
+from slotshift.apportion import nominal_shares
+from slotshift.bench.arrivals import on_windows
 from slotshift.bench.decisions import trajectory
+from slotshift.bench.reclaim import reclaim
 from slotshift.bench.runner import RunResult
 from slotshift.bench.sampler import Sample
-from slotshift.bench.scenario import POOL_BASELINE, Goal, RatioField, Scenario
+from slotshift.bench.scenario import POOL_BASELINE, Goal, OnOffArrival, RatioField, Scenario
 from slotshift.bench.stats import Figure, mean_and_peak, rate, ratio, summarise
 
 RATIO_FIELDS: tuple[str, ...] = get_args(RatioField)
@@ -42,10 +45,15 @@ STUDY_TOTAL_FIELDS = (
 STUDY_TENANT_FIELDS = ("moves_toward", "final_cap_slots", "mean_limit_slots", "mean_outstanding")
 """The study's figures per tenant."""
 
+RECLAIM_FIELDS = ("reclaim_median_s", "reclaim_p90_s", "reclaim_bursts", "reclaim_unresolved")
+"""Per tenant with on/off bursts (null for others and in the pool baseline): slotshift/bench/
+reclaim.py's times over the bursts that start in the window, how many bursts were measured, and
+in how many the tenant never held what it was owed."""
+
 WINDOWING = (
-    "A request counts when it starts at or after the steady window's start and ends at or "
-    "before its end (client-side monotonic times, from the start of the warm-up); requests still "
-    "running when the load stops are cancelled and never count. Throughputs divide by the "
+    "A request counts when it ends inside the steady window, wherever it started (client-side "
+    "monotonic times, from the start of the warm-up); requests still running when the load "
+    "stops are cancelled and never count. Throughputs divide by the "
     "window's length (`duration`). Samples (GPU, limits) count when taken inside the window; "
     "decisions when decided inside it (wall clock)."
 )
@@ -63,6 +71,10 @@ DEFINITIONS = {
     "between the first and last samples in the window per second (server-side, all requests)",
     "gpu_utilization": "the engine's busy fraction of wall time; from the emulator's "
     "slotshift_sim_gpu_utilization_percent (labelled emulated) or the agent's NVML reading",
+    "reclaim": "per burst of an on/off tenant starting in the window: seconds from its start to "
+    "the first sample showing the tenant with demand at which it holds min(nominal share, "
+    "demand), i.e. nothing queued at the gateways or at least its nominal share running; "
+    "resolution: the sample interval",
     "pool_baseline": "one tenant holding every key, floor 0, the whole budget, static policy; "
     "requests attributed to the scenario's tenants client-side",
 }
@@ -124,6 +136,7 @@ def run_summary(scenario: Scenario, result: RunResult) -> dict[str, Any]:
     )
     baseline = result.run.policy == POOL_BASELINE
     for name, figures in tenants.items():
+        figures.update(_reclaim_figures(scenario, result, name))
         figures.update(
             moves_toward=path.moves_toward.get(name, 0),
             final_cap_slots=None if baseline else final_caps.get(name),
@@ -149,6 +162,26 @@ def run_summary(scenario: Scenario, result: RunResult) -> dict[str, Any]:
             "holds": path.holds,
             "rejected": path.rejected,
         },
+    }
+
+
+def _reclaim_figures(scenario: Scenario, result: RunResult, tenant: str) -> dict[str, Any]:
+    arrival = scenario.tenant(tenant).arrival
+    if result.run.policy == POOL_BASELINE or not isinstance(arrival, OnOffArrival):
+        return dict.fromkeys(RECLAIM_FIELDS)
+    pool = result.config.pools[0]
+    measured = reclaim(
+        result.samples,
+        tenant,
+        nominal_shares(pool)[tenant],
+        on_windows(arrival, result.window.end_s),
+        result.window,
+    )
+    return {
+        "reclaim_median_s": measured.median_s,
+        "reclaim_p90_s": measured.p90_s,
+        "reclaim_bursts": len(measured.times_s) + measured.unresolved,
+        "reclaim_unresolved": measured.unresolved,
     }
 
 
@@ -204,11 +237,10 @@ def goal_results(
     """Each goal with its value and whether it was met (None: a figure is missing)."""
     results = []
     for goal in goals:
-        a, b = goal.runs
-        if a in policies and b in policies:
-            value = ratio(_figure(policies[a], goal), _figure(policies[b], goal))
-        else:
-            value = None
+        value: Figure = None
+        if all(run in policies for run in goal.runs):
+            figures = [_figure(policies[run], goal) for run in goal.runs]
+            value = figures[0] if len(figures) == 1 else ratio(figures[0], figures[1])
         met: bool | None = None
         if value is not None and goal.at_least is not None:
             met = value >= goal.at_least
@@ -268,6 +300,8 @@ _STUDY_ROWS: tuple[tuple[str, str | None, str, str], ...] = (
     ("holds", None, "holds", "{}"),
     ("mean limit {tenant} (slots)", "*", "mean_limit_slots", "{:.1f}"),
     ("final cap {tenant} (slots)", "*", "final_cap_slots", "{}"),
+    ("reclaim median {tenant} (s)", "*", "reclaim_median_s", "{:.2f}"),
+    ("reclaim p90 {tenant} (s)", "*", "reclaim_p90_s", "{:.2f}"),
 )
 
 
@@ -318,7 +352,7 @@ def markdown_table(document: Mapping[str, Any]) -> str:
             lines.append(
                 _row(
                     [
-                        f"{goal['ratio']} {goal['field']} ({scope})",
+                        f"{goal['ratio'] or goal['run']} {goal['field']} ({scope})",
                         _cell(goal["value"], "{:.3f}"),
                         target,
                         met,

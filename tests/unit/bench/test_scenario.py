@@ -26,14 +26,20 @@ def test_the_seed_scenario_is_the_studys_setup() -> None:
     assert scenario.budget_slots == 96
     assert scenario.decision_period_s == 2.0
     assert scenario.steady_s == 90.0
-    assert [r.name for r in scenario.policies] == ["static", "demand", "pool"]
+    assert [r.name for r in scenario.policies] == [
+        "static",
+        "demand",
+        "slo",
+        "slo-reserve16",
+        "pool",
+    ]
     a, b = scenario.tenant("A"), scenario.tenant("B")
     assert isinstance(a.arrival, OnOffArrival)
-    assert a.arrival.concurrency == 48
+    assert a.arrival.rate_per_s is not None  # interactive: open loop while on
     assert a.output_tokens == 64
     assert isinstance(b.arrival, ClosedLoopArrival)
     assert b.arrival.outstanding > scenario.budget_slots  # B is backlogged under any split
-    assert b.output_tokens == 512
+    assert b.output_tokens == TokenRange(min_tokens=448, max_tokens=576)  # 512 on average
     assert a.weight == b.weight  # static gives {A: 48, B: 48}
 
 
@@ -142,6 +148,29 @@ def _broken(path: str, value: Any) -> dict[str, Any]:
             ),
             "no tenant named 'Z'",
             id="goal on a missing tenant",
+        ),
+        pytest.param(
+            _broken("goals", [{"field": "completed", "at_least": 1}]),
+            "exactly one of ratio and run",
+            id="goal on no run",
+        ),
+        pytest.param(
+            _broken("goals", [{"run": "fast", "field": "completed", "at_least": 1}]),
+            "compared between runs: use ratio",
+            id="ratio figure bounded in one run",
+        ),
+        pytest.param(
+            _broken("goals", [{"ratio": "fast/static", "field": "reclaim_median_s", "at_most": 1}]),
+            "bounded within one run: use run",
+            id="one run's figure as a ratio",
+        ),
+        pytest.param(
+            _broken("goals", [{"run": "slow", "field": "reclaim_median_s", "at_most": 1}]),
+            "no run named 'slow'",
+            id="value goal on a missing run",
+        ),
+        pytest.param(
+            _broken("tenants.0.lendable_percent", 120), "lendable_percent", id="lend over 100%"
         ),
     ],
 )

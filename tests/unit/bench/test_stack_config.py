@@ -50,6 +50,16 @@ def test_a_policy_run_gets_the_scenarios_tenants() -> None:
     assert stack_tenants(SEED, SEED.run("static")) == ["A", "B"]
 
 
+def test_the_tenants_slos_and_reserve_reach_the_pool() -> None:
+    pool = parse_config(stack_config_data(SEED, SEED.run("slo"), PORTS)).pools[0]
+    a, b = pool.tenants
+    assert pool.policy == "slo"
+    assert (a.ttft_slo_ms, a.e2e_slo_ms) == (1000, 3000)
+    assert (b.ttft_slo_ms, b.e2e_slo_ms) == (None, 15000)
+    assert (a.lendable_percent, b.lendable_percent) == (75, 100)
+    assert a.borrowing_limit_percent is None
+
+
 def test_the_pool_baseline_is_one_tenant_with_every_key_and_the_whole_budget() -> None:
     config = parse_config(stack_config_data(SEED, SEED.run("pool"), PORTS))
     pool = config.pools[0]

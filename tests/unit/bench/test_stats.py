@@ -90,7 +90,8 @@ WINDOW = Window(10.0, 20.0)
         pytest.param(done("A", 11.0, 0.5, [0.1]), True, id="inside"),
         pytest.param(done("A", 10.0, 0.5, [0.1]), True, id="starts on the start edge"),
         pytest.param(done("A", 19.0, 0.5, [0.5]), True, id="ends on the end edge"),
-        pytest.param(done("A", 9.9, 0.5, [0.1]), False, id="starts before"),
+        pytest.param(done("A", 9.9, 0.5, [0.1]), True, id="starts before, ends inside"),
+        pytest.param(done("A", 8.0, 0.5, [0.1]), False, id="ends before"),
         pytest.param(done("A", 19.5, 0.5, [0.1]), False, id="ends after"),
         pytest.param(failed("A", 12.0, 13.0), True, id="failed inside"),
         pytest.param(failed("A", 19.0, 20.5), False, id="failed after the end"),
@@ -102,9 +103,7 @@ WINDOW = Window(10.0, 20.0)
         ),
     ],
 )
-def test_a_request_counts_when_it_starts_and_ends_inside_the_window(
-    trace: RequestTrace, counts: bool
-) -> None:
+def test_a_request_counts_when_it_ends_inside_the_window(trace: RequestTrace, counts: bool) -> None:
     assert WINDOW.counts(trace) is counts
 
 
@@ -146,7 +145,7 @@ def _hand_made() -> list[RequestTrace]:
     return [
         done("A", 11.0, 0.5, [0.1, 0.1, 0.2]),  # counted, good; chunks 11.5 11.6 11.7 11.9
         done("A", 12.0, 1.5, [0.1]),  # counted, TTFT over A's objective
-        done("A", 9.6, 0.2, [0.25, 0.25]),  # started before: chunks 9.8 10.05 10.3
+        done("A", 9.6, 0.2, [0.25, 0.25]),  # counted (ends inside), good: chunks 9.8 10.05 10.3
         done("B", 10.0, 0.3, []),  # counted, one token, good
         done("B", 15.0, 1.0, [1.0] * 5),  # ends at 21: chunks 16 ... 21
         failed("A", 14.0, 14.2),  # counted as failed
@@ -161,21 +160,22 @@ SLOS = {"A": Slo(ttft_ms=1000, e2el_ms=3000), "B": Slo(e2el_ms=5000, tpot_ms=10)
 def test_summary_of_hand_made_traces() -> None:
     figures = summarise(_hand_made(), WINDOW, SLOS)
     assert set(figures) == set(RESULT_FIELDS)
-    assert figures["completed"] == 3
+    assert figures["completed"] == 4
     assert figures["failed"] == 1
     assert figures["duration"] == 10.0
-    assert figures["total_input_tokens"] == 30
-    assert figures["total_output_tokens"] == 4 + 2 + 1
-    assert figures["request_throughput"] == pytest.approx(0.3)
-    assert figures["output_throughput"] == pytest.approx(0.7)
-    assert figures["total_token_throughput"] == pytest.approx(3.7)
-    assert figures["request_goodput"] == pytest.approx(0.2)
-    assert figures["mean_ttft_ms"] == pytest.approx((500 + 1500 + 300) / 3)
-    assert figures["median_ttft_ms"] == pytest.approx(500)
-    assert figures["mean_tpot_ms"] == pytest.approx((400 / 3 + 100) / 2)
-    assert figures["mean_itl_ms"] == pytest.approx(125)
-    assert figures["p99_itl_ms"] == pytest.approx(float(np.percentile([100, 100, 200, 100], 99)))
-    assert figures["median_e2el_ms"] == pytest.approx(900)
+    assert figures["total_input_tokens"] == 40
+    assert figures["total_output_tokens"] == 4 + 2 + 3 + 1
+    assert figures["request_throughput"] == pytest.approx(0.4)
+    assert figures["output_throughput"] == pytest.approx(1.0)
+    assert figures["total_token_throughput"] == pytest.approx(5.0)
+    assert figures["request_goodput"] == pytest.approx(0.3)
+    assert figures["mean_ttft_ms"] == pytest.approx((500 + 1500 + 200 + 300) / 4)
+    assert figures["median_ttft_ms"] == pytest.approx(400)
+    assert figures["mean_tpot_ms"] == pytest.approx((400 / 3 + 100 + 250) / 3)
+    itl_ms = [100, 100, 200, 100, 250, 250]
+    assert figures["mean_itl_ms"] == pytest.approx(sum(itl_ms) / 6)
+    assert figures["p99_itl_ms"] == pytest.approx(float(np.percentile(itl_ms, 99)))
+    assert figures["median_e2el_ms"] == pytest.approx(800)
     assert figures["delivered_output_throughput"] == pytest.approx((4 + 2 + 2 + 1 + 5 + 3) / 10)
 
 

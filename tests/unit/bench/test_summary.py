@@ -9,6 +9,7 @@ import pytest
 from slotshift.bench.scenario import Scenario, parse_scenario
 from slotshift.bench.stats import RESULT_FIELDS
 from slotshift.bench.summary import (
+    RECLAIM_FIELDS,
     STUDY_TENANT_FIELDS,
     STUDY_TOTAL_FIELDS,
     markdown_table,
@@ -56,7 +57,9 @@ def test_a_runs_summary_has_every_field_for_the_total_and_each_tenant() -> None:
     summary = run_summary(SCENARIO, run_result(SCENARIO, "demand"))
     assert set(summary["total"]) == set(RESULT_FIELDS) | set(STUDY_TOTAL_FIELDS)
     for tenant in ("A", "B"):
-        assert set(summary["tenants"][tenant]) == set(RESULT_FIELDS) | set(STUDY_TENANT_FIELDS)
+        assert set(summary["tenants"][tenant]) == (
+            set(RESULT_FIELDS) | set(STUDY_TENANT_FIELDS) | set(RECLAIM_FIELDS)
+        )
     assert summary["total"]["completed"] == 3
     assert summary["tenants"]["A"]["completed"] == 2
     assert summary["tenants"]["B"]["total_output_tokens"] == 8
@@ -152,3 +155,37 @@ def test_a_run_whose_harness_fell_behind_is_flagged() -> None:
     )
     calm = run_summary(SCENARIO, run_result(SCENARIO, "static"))
     assert calm["harness"]["disturbed"] is None
+
+
+def _bursty_scenario() -> Scenario:
+    data = SCENARIO.model_dump(mode="json")
+    data["tenants"][0]["api_keys"] = ["key-A"]
+    data["tenants"][1]["api_keys"] = ["key-B"]
+    data["tenants"][0]["arrival"] = {"kind": "on_off", "on_s": 2.0, "off_s": 2.0, "rate_per_s": 5}
+    data["goals"] = [{"run": "demand", "field": "reclaim_median_s", "tenant": "A", "at_most": 0.4}]
+    return parse_scenario(data)
+
+
+def test_reclaim_is_timed_at_each_burst_of_an_on_off_tenant() -> None:
+    scenario = _bursty_scenario()
+    # Bursts start at 0, 4 and 8 s; the window is [2, 10]: the bursts at 4 and 8 s count.
+    samples = [sample(t / 4, {"A": 4, "B": 4}) for t in range(41)]
+    for s in samples:
+        if 4.0 <= s.t_s < 4.5 or 8.0 <= s.t_s < 8.75:
+            s.queued["A"] = 3  # A waits for its slots: 0.5 s, then 0.75 s
+    summary = run_summary(scenario, run_result(scenario, "demand", samples=samples))
+    a, b = summary["tenants"]["A"], summary["tenants"]["B"]
+    assert a["reclaim_bursts"] == 2
+    assert a["reclaim_unresolved"] == 0
+    assert a["reclaim_median_s"] == pytest.approx(0.625)
+    assert a["reclaim_p90_s"] == pytest.approx(0.725)
+    assert b["reclaim_median_s"] is None  # a closed loop has no bursts
+    pool = run_summary(scenario, run_result(scenario, "pool", decisions=[]))
+    assert pool["tenants"]["A"]["reclaim_median_s"] is None  # no tenant limits to reclaim
+
+    document = summary_document(scenario, {"demand": summary}, {})
+    (goal,) = document["goals"]
+    assert (goal["run"], goal["value"], goal["met"]) == ("demand", pytest.approx(0.625), False)
+    table = markdown_table(document)
+    assert "| reclaim median A (s) | 0.62 |" in table
+    assert "| demand reclaim_median_s (tenant A) | 0.625 | <= 0.4 | NO |" in table
