@@ -1,13 +1,14 @@
-"""Reclaim: how long a bursty tenant waits, at the start of each burst, for the slots it is owed.
+"""Reclaim: how long a bursty tenant waits for the slots it is owed when its burst needs them.
 
 The issue the slo policy answers: when a bursty tenant wakes up, the slots it lent out come back
-only as the borrower's requests end. A burst's reclaim time is measured from the run's
-trajectory (the sampler's readings of the gateways): from the burst's start until the first
-sample, among those that show the tenant with demand, at which it holds what it is owed, its
-nominal share or all it asks for, whichever is less (APF's min(nominal, demand)): it has nothing
-queued at the gateways, or it runs at least its nominal share. A tenant that is never short
-reclaims within the first sample that sees its burst, so the figure's resolution is the sample
-interval.
+only as the borrower's requests end. Reclaim is measured from the run's trajectory (the
+sampler's readings of the gateways). At a sample the tenant is SHORT when it has requests queued
+at the gateways while it runs less than its nominal share: it does not hold what it is owed, its
+nominal share or all it asks for, whichever is less (APF's min(nominal, demand)). A burst's
+reclaim time is the length of its first shortfall: from the first sample in the burst showing
+the tenant short to the first later one showing it hold what it is owed. A burst in which the
+tenant is never short reclaims in 0 s (it never waited for a slot); one whose first shortfall
+outlasts the burst counts as unresolved. The figure's resolution is the sample interval.
 """
 
 from __future__ import annotations
@@ -24,9 +25,15 @@ class Reclaim:
     """The reclaim times of one tenant's bursts in the steady window."""
 
     times_s: tuple[float, ...]
-    """One per burst that started in the window and was seen with demand before it ended."""
+    """One per burst that started in the window and was resolved in it (0 if never short)."""
+    short_bursts: int
+    """Bursts in which the tenant was short at least once."""
     unresolved: int
-    """Bursts in which the tenant never held what it was owed."""
+    """Bursts whose first shortfall lasted to the burst's end."""
+
+    @property
+    def bursts(self) -> int:
+        return len(self.times_s) + self.unresolved
 
     @property
     def median_s(self) -> float | None:
@@ -37,16 +44,12 @@ class Reclaim:
         return percentile(self.times_s, 90) if self.times_s else None
 
 
-def holds_what_it_is_owed(sample: Sample, tenant: str, nominal_slots: int) -> bool | None:
-    """Whether the tenant holds min(nominal, demand) at this sample; None when it has no demand
-    (or the sample has no reading of it)."""
+def is_short(sample: Sample, tenant: str, nominal_slots: int) -> bool | None:
+    """Whether the tenant queues while it runs less than its nominal share; None when the
+    sample has no reading of it."""
     if tenant not in sample.in_flight:
         return None
-    in_flight = sample.in_flight[tenant]
-    queued = sample.queued.get(tenant, 0)
-    if in_flight + queued == 0:
-        return None
-    return queued == 0 or in_flight >= nominal_slots
+    return sample.queued.get(tenant, 0) > 0 and sample.in_flight[tenant] < nominal_slots
 
 
 def reclaim(
@@ -56,29 +59,30 @@ def reclaim(
     bursts: Sequence[tuple[float, float]],
     window: Window,
 ) -> Reclaim:
-    """The reclaim time of every burst (start, end) that starts inside the window.
-
-    A burst counts once a sample inside it shows the tenant with demand; its time runs to the
-    first such sample at which the tenant holds what it is owed. A burst whose every such
-    sample shows it short counts as unresolved (its reclaim outlasted the burst).
-    """
+    """The reclaim time of every burst (start, end) that starts inside the window; bursts with
+    no reading of the tenant are left out."""
     ordered = sorted(samples, key=lambda s: s.t_s)
     times: list[float] = []
-    unresolved = 0
+    short_bursts = unresolved = 0
     for start_s, end_s in bursts:
         if not window.holds(start_s):
             continue
-        inside = [s for s in ordered if start_s <= s.t_s <= min(end_s, window.end_s)]
         readings = [
-            (s.t_s, held)
-            for s in inside
-            if (held := holds_what_it_is_owed(s, tenant, nominal_slots)) is not None
+            (s.t_s, short)
+            for s in ordered
+            if start_s <= s.t_s <= min(end_s, window.end_s)
+            and (short := is_short(s, tenant, nominal_slots)) is not None
         ]
         if not readings:
             continue
-        held_at = next((t_s for t_s, held in readings if held), None)
-        if held_at is None:
+        began = next((t_s for t_s, short in readings if short), None)
+        if began is None:
+            times.append(0.0)
+            continue
+        short_bursts += 1
+        ended = next((t_s for t_s, short in readings if t_s > began and not short), None)
+        if ended is None:
             unresolved += 1
         else:
-            times.append(held_at - start_s)
-    return Reclaim(tuple(times), unresolved)
+            times.append(ended - began)
+    return Reclaim(tuple(times), short_bursts, unresolved)

@@ -45,10 +45,16 @@ STUDY_TOTAL_FIELDS = (
 STUDY_TENANT_FIELDS = ("moves_toward", "final_cap_slots", "mean_limit_slots", "mean_outstanding")
 """The study's figures per tenant."""
 
-RECLAIM_FIELDS = ("reclaim_median_s", "reclaim_p90_s", "reclaim_bursts", "reclaim_unresolved")
+RECLAIM_FIELDS = (
+    "reclaim_median_s",
+    "reclaim_p90_s",
+    "reclaim_bursts",
+    "reclaim_short_bursts",
+    "reclaim_unresolved",
+)
 """Per tenant with on/off bursts (null for others and in the pool baseline): slotshift/bench/
-reclaim.py's times over the bursts that start in the window, how many bursts were measured, and
-in how many the tenant never held what it was owed."""
+reclaim.py's times over the bursts that start in the window, how many bursts were measured, in
+how many the tenant was ever short, and in how many its first shortfall outlasted the burst."""
 
 WINDOWING = (
     "A request counts when it ends inside the steady window, wherever it started (client-side "
@@ -71,10 +77,10 @@ DEFINITIONS = {
     "between the first and last samples in the window per second (server-side, all requests)",
     "gpu_utilization": "the engine's busy fraction of wall time; from the emulator's "
     "slotshift_sim_gpu_utilization_percent (labelled emulated) or the agent's NVML reading",
-    "reclaim": "per burst of an on/off tenant starting in the window: seconds from its start to "
-    "the first sample showing the tenant with demand at which it holds min(nominal share, "
-    "demand), i.e. nothing queued at the gateways or at least its nominal share running; "
-    "resolution: the sample interval",
+    "reclaim": "per burst of an on/off tenant starting in the window: the length of its first "
+    "shortfall, from the first sample at which the tenant queues at the gateways while running "
+    "less than its nominal share to the first later sample at which it does not (0 when it is "
+    "never short); resolution: the sample interval",
     "pool_baseline": "one tenant holding every key, floor 0, the whole budget, static policy; "
     "requests attributed to the scenario's tenants client-side",
 }
@@ -180,7 +186,8 @@ def _reclaim_figures(scenario: Scenario, result: RunResult, tenant: str) -> dict
     return {
         "reclaim_median_s": measured.median_s,
         "reclaim_p90_s": measured.p90_s,
-        "reclaim_bursts": len(measured.times_s) + measured.unresolved,
+        "reclaim_bursts": measured.bursts,
+        "reclaim_short_bursts": measured.short_bursts,
         "reclaim_unresolved": measured.unresolved,
     }
 

@@ -43,6 +43,13 @@ def test_the_seed_scenario_is_the_studys_setup() -> None:
     assert a.weight == b.weight  # static gives {A: 48, B: 48}
 
 
+@pytest.mark.parametrize("path", sorted(SEED.parent.glob("*.yaml")), ids=lambda path: path.stem)
+def test_every_shipped_scenario_loads(path: Path) -> None:
+    scenario = load_scenario(path)
+    assert scenario.name == path.stem
+    assert scenario.policies[0].name == "static"  # the baseline every ratio is read against
+
+
 def _minimal() -> dict[str, Any]:
     return {
         "name": "mini",
