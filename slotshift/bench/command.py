@@ -124,7 +124,7 @@ def run_bench(
         # asyncio.run has cancelled the run, and the stack was stopped on the way out.
         print("slotshift bench: interrupted; no summary written", file=sys.stderr)
         return 130
-    meta = _meta(scenario, scenario_path, settings, started, records)
+    meta = _meta(scenario, scenario_path, settings, started, records, runs)
     policies = {name: record.summary for name, record in records.items()}
     document = summary_document(scenario, policies, meta)
     table = markdown_table(document)
@@ -215,6 +215,7 @@ def _meta(
     settings: RunSettings,
     started: datetime.datetime,
     records: dict[str, _RunRecord],
+    runs: Sequence[str] | None,
 ) -> dict[str, Any]:
     engines = sorted({r.summary["engine"] for r in records.values()})
     profiles = sorted({r.summary["profile"] for r in records.values()})
@@ -223,6 +224,8 @@ def _meta(
     command = f"slotshift bench {scenario_path} --duration {settings.steady_s:g} --warmup {settings.warmup_s:g}"
     for path, value in settings.command_line_overrides.items():
         command += f" --set {path}={json.dumps(value)}"
+    if runs is not None:
+        command += f" --runs {','.join(runs)}"
     return {
         "scenario": scenario.name,
         "scenario_file": str(scenario_path),

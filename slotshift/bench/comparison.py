@@ -1,6 +1,8 @@
-"""One markdown table comparing policies across benchmark results.
+"""Markdown tables across benchmark results: policies across scenarios, or one scenario's goals
+over repeated runs (machines here are noisy: quote the median of runs made the same way).
 
     python -m slotshift.bench.comparison docs/results/seed docs/results/three-tenants ...
+    python -m slotshift.bench.comparison --goals results/seed-1 results/seed-2 results/seed-3
 
 Each argument is a results folder of `slotshift bench` (its summary.json). One row per scenario
 and run: total output throughput and its ratio to the scenario's `static` run, then per tenant
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -57,6 +60,43 @@ def comparison_table(documents: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def goals_table(documents: Sequence[Mapping[str, Any]]) -> str:
+    """Each goal of the first document with its value in every document, their median, and
+    whether the median meets it (documents without the goal, or without a value, are skipped)."""
+    header = ["goal", *(f"run {n}" for n in range(1, len(documents) + 1)), "median", "target"]
+    lines = ["| " + " | ".join(header) + " | met |", "| --- |" + " ---: |" * (len(header) - 1)]
+    lines[1] += " --- |"
+    for goal in documents[0]["goals"] if documents else []:
+        key = _goal_key(goal)
+        values = [
+            next((g["value"] for g in d.get("goals", []) if _goal_key(g) == key), None)
+            for d in documents
+        ]
+        present = [v for v in values if v is not None]
+        middle = statistics.median(present) if present else None
+        if middle is None:
+            met = "-"
+        elif goal["at_least"] is not None:
+            met = "yes" if middle >= goal["at_least"] else "NO"
+        else:
+            met = "yes" if middle <= goal["at_most"] else "NO"
+        target = (
+            f">= {goal['at_least']:g}"
+            if goal["at_least"] is not None
+            else f"<= {goal['at_most']:g}"
+        )
+        scope = "total" if goal["tenant"] is None else f"tenant {goal['tenant']}"
+        cells = [f"{goal.get('ratio') or goal.get('run')} {goal['field']} ({scope})"]
+        cells += ["-" if v is None else f"{v:.3f}" for v in values]
+        cells += ["-" if middle is None else f"{middle:.3f}", target, met]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _goal_key(goal: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (goal.get("ratio"), goal.get("run"), goal["field"], goal["tenant"])
+
+
 def _per_tenant(
     tenants: Mapping[str, Any], field: str, fmt: str, *, skip_missing: bool = False
 ) -> str:
@@ -72,6 +112,11 @@ def _per_tenant(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="+", type=Path, help="results folders (summary.json)")
+    parser.add_argument(
+        "--goals",
+        action="store_true",
+        help="the goals of repeated runs of one scenario, with their medians",
+    )
     args = parser.parse_args(argv)
     documents = []
     for folder in args.results:
@@ -81,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, json.JSONDecodeError) as exc:
             print(f"slotshift.bench.comparison: {path}: {exc}", file=sys.stderr)
             return 2
-    sys.stdout.write(comparison_table(documents))
+    sys.stdout.write(goals_table(documents) if args.goals else comparison_table(documents))
     return 0
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from slotshift.bench.comparison import comparison_table, main
+from slotshift.bench.comparison import comparison_table, goals_table, main
 
 
 def _run(throughput: float, ttft: dict[str, float], reclaim: float | None) -> dict[str, Any]:
@@ -54,3 +54,37 @@ def test_main_reads_results_folders(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main([str(tmp_path)]) == 0
     assert "| seed | static | 6,000 | 1.000 |" in capsys.readouterr().out
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def _with_goals(*values: float | None) -> dict[str, Any]:
+    goals = [
+        {"ratio": "demand/static", "run": None, "field": "output_throughput", "tenant": None,
+         "at_least": 1.14, "at_most": None, "value": values[0]},
+        {"ratio": None, "run": "slo", "field": "reclaim_median_s", "tenant": "A",
+         "at_least": None, "at_most": 1.0, "value": values[1]},
+    ]  # fmt: skip
+    return {**DOCUMENT, "goals": goals}
+
+
+def test_goals_over_repeated_runs_are_judged_by_their_median() -> None:
+    documents = [_with_goals(1.10, 0.5), _with_goals(1.20, None), _with_goals(1.15, 1.5)]
+    lines = goals_table(documents).splitlines()
+    assert lines[0] == "| goal | run 1 | run 2 | run 3 | median | target | met |"
+    assert lines[2] == (
+        "| demand/static output_throughput (total) | 1.100 | 1.200 | 1.150 | 1.150 "
+        "| >= 1.14 | yes |"
+    )
+    # A run without a value is left out of the median: (0.5 + 1.5) / 2 = 1.0 is within 1.0.
+    assert (
+        lines[3] == "| slo reclaim_median_s (tenant A) | 0.500 | - | 1.500 | 1.000 | <= 1 | yes |"
+    )
+
+
+def test_main_prints_the_goals_table_on_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "summary.json").write_text(json.dumps(_with_goals(1.0, 2.0)))
+    assert main(["--goals", str(tmp_path)]) == 0
+    assert "| demand/static output_throughput (total) | 1.000 | 1.000 | >= 1.14 | NO |" in (
+        capsys.readouterr().out
+    )
