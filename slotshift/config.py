@@ -159,6 +159,11 @@ class SloPolicyConfig(_Model):
     """KV-cache usage at or above which the engine counts as saturated: more borrowing would only
     add waiting, so borrowers do not grow further (the cost term)."""
 
+    waiting_saturation_percent: Annotated[float, Field(gt=0, le=100)] = 5.0
+    """Requests waiting inside the engine, in percent of the pool's budget (at least one), at or
+    above which the engine also counts as saturated. A request waits there briefly between its
+    arrival and the next step, so a few waiting is normal and not saturation."""
+
 
 class AgentPolicyConfig(_Model):
     """The agent policy: an LLM behind any OpenAI-compatible chat endpoint proposes the limits;

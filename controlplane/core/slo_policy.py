@@ -14,8 +14,8 @@ It follows Kubernetes API Priority and Fairness's borrowing (KEP-1040) where tha
 The study's reward (throughput, minus a penalty for tail latency over the SLO, minus cost) shapes
 the rule: slots go where there is demand (throughput); a tenant whose p99 TTFT or end-to-end
 latency is over its SLO has its claim multiplied by 1 + slo_boost x overshoot (penalty); and while
-the engine is saturated (KV cache at or above kv_saturation_perc, or requests waiting inside the
-engine) no tenant's borrowing grows, since more concurrency would only add queueing (cost). The
+the engine is saturated (KV cache at or above kv_saturation_perc, or more than a few requests
+waiting inside the engine: waiting_saturation_percent of the budget) no tenant's borrowing grows, since more concurrency would only add queueing (cost). The
 reward's terms are computed for every decision and stated in its reason.
 """
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from controlplane.core.policy import PolicyDecision
 from controlplane.core.snapshot import Latency, PoolSnapshot, TenantLoad
 from slotshift.apportion import Claim, apportion, nominal_shares
-from slotshift.config import PoolConfig, TenantConfig
+from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +78,7 @@ class SloPolicy:
         pressure = {
             t.name: _slo_pressure(t, loads[t.name], settings.slo_boost) for t in pool.tenants
         }
-        saturated = _saturated(snapshot, settings.kv_saturation_perc)
+        saturated = _saturated(snapshot, settings, pool.budget_slots)
         upper = {}
         for tenant in pool.tenants:
             name = tenant.name
@@ -151,11 +151,15 @@ def _overshoot(latency: Latency, slo_ms: float | None) -> float:
     return max(0.0, latency.p99_ms / slo_ms - 1.0)
 
 
-def _saturated(snapshot: PoolSnapshot, kv_saturation_perc: float) -> bool:
+def _saturated(snapshot: PoolSnapshot, settings: SloPolicyConfig, budget_slots: int) -> bool:
     telemetry = snapshot.telemetry
     if telemetry is None or not telemetry.fresh:
         return False
-    return telemetry.kv_cache_usage_perc >= kv_saturation_perc or telemetry.num_requests_waiting > 0
+    waiting_limit = max(1.0, budget_slots * settings.waiting_saturation_percent / 100)
+    return (
+        telemetry.kv_cache_usage_perc >= settings.kv_saturation_perc
+        or telemetry.num_requests_waiting >= waiting_limit
+    )
 
 
 def _within_hysteresis(

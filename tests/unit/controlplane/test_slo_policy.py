@@ -95,6 +95,22 @@ def test_saturated_engine_holds_borrowing() -> None:
     assert limits["B"] > 60, "stale telemetry does not hold anything"
 
 
+@pytest.mark.parametrize(
+    ("waiting", "held"),
+    [
+        pytest.param(0.0, False, id="none waiting"),
+        pytest.param(4.0, False, id="a few between arrival and the next step"),
+        pytest.param(5.0, True, id="5% of the budget (96) rounds up to 5"),
+        pytest.param(30.0, True, id="many"),
+    ],
+)
+def test_only_more_than_a_few_waiting_requests_mean_saturation(waiting: float, held: bool) -> None:
+    telemetry = TelemetryView(age_s=0.1, fresh=True, num_requests_waiting=waiting)
+    loads = {"A": TenantLoad(in_flight=10), "B": TenantLoad(in_flight=60, queued=200)}
+    limits, _ = _decide(_pool(), loads, {"A": 36, "B": 60}, telemetry=telemetry)
+    assert (limits["B"] == 60) is held
+
+
 def test_tenant_over_its_slo_gets_more_of_the_lent_slots() -> None:
     pool = PoolConfig(
         name="p",
