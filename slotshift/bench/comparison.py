@@ -2,7 +2,7 @@
 over repeated runs (machines here are noisy: quote the median of runs made the same way).
 
     python -m slotshift.bench.comparison docs/results/seed docs/results/three-tenants ...
-    python -m slotshift.bench.comparison --goals results/seed-1 results/seed-2 results/seed-3
+    python -m slotshift.bench.comparison --goals docs/results/seed/repeats/run-*.json
 
 Each argument is a results folder of `slotshift bench` (its summary.json). One row per scenario
 and run: total output throughput and its ratio to the scenario's `static` run, then per tenant
@@ -111,7 +111,9 @@ def _per_tenant(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("results", nargs="+", type=Path, help="results folders (summary.json)")
+    parser.add_argument(
+        "results", nargs="+", type=Path, help="results folders, or their summary.json files"
+    )
     parser.add_argument(
         "--goals",
         action="store_true",
@@ -120,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     documents = []
     for folder in args.results:
-        path = folder / "summary.json"
+        path = folder if folder.is_file() else folder / "summary.json"
         try:
             documents.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, json.JSONDecodeError) as exc:

@@ -6,10 +6,12 @@ summary.json:
   total: mean_/peak_gpu_utilization_pct and gpu_utilization_emulated, decisions, moves, holds,
   rejected (the controller in the steady window); per tenant: moves_toward, final_cap_slots (the
   limit in force at the window's end; null in the pool baseline, where no tenant has a limit of
-  its own), mean_limit_slots and mean_outstanding (the client-side demand).
+  its own), mean_limit_slots and mean_outstanding (the client-side demand); for tenants with
+  on/off bursts, RECLAIM_FIELDS (slotshift/bench/reclaim.py).
 - `policies.<run>.controller`: the same trajectory over the control plane's own tenants.
 - `ratios.<a>/<b>`: a's figure over b's for the RatioField figures, total and per tenant.
-- `goals`: the scenario's targets with their values and whether they were met.
+- `goals`: the scenario's targets (a ratio between two runs, or one run's own value) with their
+  values and whether they were met.
 - `meta`: scenario, durations, seed, profile, git commit, and how everything is computed.
 """
 
