@@ -14,9 +14,10 @@ It follows Kubernetes API Priority and Fairness's borrowing (KEP-1040) where tha
 The study's reward (throughput, minus a penalty for tail latency over the SLO, minus cost) shapes
 the rule: slots go where there is demand (throughput); a tenant whose p99 TTFT or end-to-end
 latency is over its SLO has its claim multiplied by 1 + slo_boost x overshoot (penalty); and while
-the engine is saturated (KV cache at or above kv_saturation_perc, or more than a few requests
-waiting inside the engine: waiting_saturation_percent of the budget) no tenant's borrowing grows, since more concurrency would only add queueing (cost). The
-reward's terms are computed for every decision and stated in its reason.
+the engine is saturated (KV cache at or above kv_saturation_perc, or at least
+waiting_saturation_percent of the budget waiting inside the engine, more than the few that wait
+for the next step) no tenant's borrowing grows, since more concurrency would only add queueing
+(cost). The reward's terms are computed for every decision and stated in its reason.
 """
 
 from __future__ import annotations

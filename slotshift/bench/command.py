@@ -79,12 +79,13 @@ def run_bench(
     if runs is not None:
         known = [r.name for r in scenario.policies]
         unknown = [name for name in runs if name not in known]
-        if unknown or not runs:
+        if not runs:
+            print("slotshift bench: --runs names no run", file=sys.stderr)
+            return 2
+        if unknown:
             print(
                 f"slotshift bench: --runs: no run named {unknown[0]!r} in the scenario; "
-                f"its runs: {', '.join(known)}"
-                if unknown
-                else "slotshift bench: --runs names no run",
+                f"its runs: {', '.join(known)}",
                 file=sys.stderr,
             )
             return 2

@@ -94,7 +94,8 @@ def test_every_field_for_every_run_and_tenant(summary: dict[str, Any]) -> None:
     assert meta["seed"] == 20250601
     assert meta["profile"] == "h200-qwen2.5-3b"
     assert "git_commit" in meta
-    assert "starts at or after" in meta["definitions"]["windowing"]
+    assert "ends inside the steady window" in meta["definitions"]["windowing"]
+    assert "first shortfall" in meta["definitions"]["reclaim"]
     for pair in ("demand/static", "demand/pool"):
         ratios = summary["ratios"][pair]
         for field in ("output_throughput", "completed", "p99_e2el_ms"):
