@@ -99,9 +99,11 @@ async def test_the_load_follows_each_tenants_process() -> None:
     # A refused closed-loop client backs off instead of hammering the gateway.
     assert 2 <= len(by_tenant["R"]) <= 6
     assert all(t.status is RequestStatus.FAILED and t.http_status == 429 for t in by_tenant["R"])
-    # What was still running at the horizon is cancelled; everything else completed.
+    # What was still running at the horizon is cancelled (B's two, unless the horizon fell
+    # between an answer and its refill); everything else completed.
     statuses = {t.status for t in by_tenant["B"]}
-    assert statuses == {RequestStatus.OK, RequestStatus.CANCELLED}
+    assert RequestStatus.OK in statuses
+    assert statuses <= {RequestStatus.OK, RequestStatus.CANCELLED}
     assert sum(t.status is RequestStatus.CANCELLED for t in by_tenant["B"]) <= 2
     for name, counters in load.counters.items():
         assert counters.outstanding == 0
