@@ -541,16 +541,19 @@ class SlotshiftConfig(_Model):
         return self
 
 
+def validation_problems(exc: ValidationError) -> str:
+    """Each bad field of a document, by its dotted path, with pydantic's message."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+    )
+
+
 def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> SlotshiftConfig:
     """Validate a parsed document; ConfigError names each bad field."""
     try:
         return SlotshiftConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ConfigError(f"{source}: {problems}") from exc
+        raise ConfigError(f"{source}: {validation_problems(exc)}") from exc
 
 
 def load_config(path: Path) -> SlotshiftConfig:

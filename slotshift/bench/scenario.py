@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from slotshift.config import PolicyName, PoolConfig, TenantConfig
+from slotshift.config import PolicyName, PoolConfig, TenantConfig, validation_problems
 
 POOL_BASELINE = "pool"
 """The baseline that is not a policy: one unpartitioned pool, every tenant's requests in one
@@ -399,11 +399,7 @@ def parse_scenario(data: Mapping[str, Any], *, source: str = "<scenario>") -> Sc
     try:
         return Scenario.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise ScenarioError(f"{source}: {problems}") from exc
+        raise ScenarioError(f"{source}: {validation_problems(exc)}") from exc
 
 
 def load_scenario(path: Path) -> Scenario:
