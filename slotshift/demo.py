@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from slotshift.apportion import nominal_shares
 from slotshift.config import PoolConfig, SlotshiftConfig
+from slotshift.engine_probe import requests_inside, served_model
 from slotshift.v1 import query_pb2, query_pb2_grpc
 
 B_OUTSTANDING = 120
@@ -94,7 +94,7 @@ async def run_demo(config: SlotshiftConfig, *, duration_s: float) -> bool:
         aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session,
         grpc.aio.insecure_channel(f"{cp.grpc_host}:{cp.grpc_port}") as channel,
     ):
-        model = await _model_name(session, gateways[0], keys["B"])
+        model = await served_model(session, gateways[0], keys["B"])
         elapsed: Callable[[], float] = lambda: time.monotonic() - started  # noqa: E731
 
         def b_active() -> bool:
@@ -135,15 +135,6 @@ async def run_demo(config: SlotshiftConfig, *, duration_s: float) -> bool:
         await asyncio.gather(sampler, *workers)
     _print_table(result, pool)
     return _check(result, pool, phases)
-
-
-async def _model_name(session: aiohttp.ClientSession, gateway: str, key: str) -> str:
-    async with session.get(
-        f"{gateway}/v1/models", headers={"Authorization": f"Bearer {key}"}
-    ) as response:
-        response.raise_for_status()
-        body = await response.json()
-        return str(body["data"][0]["id"])
 
 
 async def _worker(
@@ -216,12 +207,7 @@ async def _engine_in_server(session: aiohttp.ClientSession, config: SlotshiftCon
     url = config.agent.engine_metrics_url
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
         async with session.get(url) as response:
-            text = await response.text()
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-                total += sum(s.value for s in family.samples)
-        return round(total)
+            return requests_inside(await response.text())
     return None
 
 

@@ -50,6 +50,7 @@ from pydantic import SecretStr
 
 from slotshift.aiotasks import Supervisor
 from slotshift.config import SlotshiftConfig, apply_overrides, load_config
+from slotshift.engine_probe import served_model
 
 logger = logging.getLogger(__name__)
 
@@ -649,16 +650,6 @@ def plot_soak(samples: Sequence[SoakSample], budget_slots: int, path: Path) -> N
     figure.savefig(path, dpi=110)
 
 
-async def _model_name(session: aiohttp.ClientSession, target: _Target) -> str:
-    async with session.get(
-        target.gateway + "/v1/models",
-        headers={"Authorization": f"Bearer {target.key}"},
-        timeout=aiohttp.ClientTimeout(total=10),
-    ) as response:
-        document = await response.json()
-    return str(document["data"][0]["id"])
-
-
 async def _drain(
     take: Callable[[], Awaitable[SoakSample]],
     samples: list[SoakSample],
@@ -707,7 +698,7 @@ async def run_soak(
             await _start_stack(services, session, ports)
             keys = [t.api_keys[0].get_secret_value() for t in pool.tenants if t.api_keys]
             probe = _Target(ports.gateway_url(0), keys[0], "")
-            model = await _model_name(session, probe)
+            model = await served_model(session, probe.gateway, probe.key, timeout_s=10)
             targets = [_Target(ports.gateway_url(g), key, model) for g in range(2) for key in keys]
             origin_s = time.monotonic()
 

@@ -38,6 +38,7 @@ from slotshift.bench.stats import Window
 from slotshift.bench.trace import RequestTrace
 from slotshift.clock import Clock
 from slotshift.config import SlotshiftConfig, apply_overrides, parse_config
+from slotshift.engine_probe import served_model
 from slotshift.local_stack import LocalStack, StackError
 from slotshift.v1 import query_pb2_grpc
 
@@ -126,7 +127,7 @@ async def _drive(
         grpc.aio.insecure_channel(f"{cp.grpc_host}:{cp.grpc_port}") as channel,
     ):
         first_key = scenario.tenants[0].api_keys[0].get_secret_value()
-        model = scenario.model or await _served_model(session, gateways[0], first_key)
+        model = scenario.model or await served_model(session, gateways[0], first_key)
         origin_s = clock.monotonic()
         wall_origin_s = clock.wall()
         client = StreamingClient(
@@ -203,16 +204,6 @@ async def _together(work: Mapping[str, Coroutine[Any, Any, None]]) -> None:
                 group.create_task(coroutine, name=f"bench/{name}")
     except* StackError as failures:
         raise failures.exceptions[0] from None
-
-
-async def _served_model(session: aiohttp.ClientSession, gateway: str, api_key: str) -> str:
-    """The first model the gateway lists (the engine serves one)."""
-    async with session.get(
-        f"{gateway}/v1/models", headers={"Authorization": f"Bearer {api_key}"}
-    ) as response:
-        response.raise_for_status()
-        body = await response.json()
-    return str(body["data"][0]["id"])
 
 
 async def _watch(stack: LocalStack) -> None:

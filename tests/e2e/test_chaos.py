@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from slotshift.engine_probe import requests_inside
 from slotshift.v1 import query_pb2, query_pb2_grpc
 from tests.e2e.service_processes import ServiceProcesses, grpc_serving, http_ok, wait_ready
 from tests.support import free_port, wait_until
@@ -144,12 +144,7 @@ async def _client(
 async def _sample_engine(session: aiohttp.ClientSession, load: Load, engine_url: str) -> None:
     while not load.stop.is_set():
         async with session.get(f"{engine_url}/metrics") as response:
-            text = await response.text()
-        total = 0.0
-        for family in text_string_to_metric_families(text):
-            if family.name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
-                total += sum(s.value for s in family.samples)
-        load.in_engine.append(round(total))
+            load.in_engine.append(requests_inside(await response.text()))
         await asyncio.sleep(0.01)
 
 
