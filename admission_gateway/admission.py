@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import ClassVar
@@ -129,6 +130,7 @@ class TenantAdmission:
         queue_timeout_s: float,
         clock: Clock,
         queue_wait_window: LatencyWindow | None = None,
+        on_queue_started: Callable[[], None] | None = None,
     ) -> None:
         if limit_slots < 0:
             raise ValueError(f"limit_slots must not be negative, got {limit_slots}")
@@ -137,6 +139,9 @@ class TenantAdmission:
         if queue_timeout_s <= 0:
             raise ValueError(f"queue_timeout_s must be positive, got {queue_timeout_s}")
         self.tenant = tenant
+        self._on_queue_started = on_queue_started
+        """Called when a request has to wait while none was waiting: the gateway tells the control
+        plane at once instead of at its next periodic report."""
         self._limit = limit_slots
         self._queue_max_depth = queue_max_depth
         self._queue_timeout_s = queue_timeout_s
@@ -230,6 +235,8 @@ class TenantAdmission:
         waiter = _Waiter(loop.create_future(), self._clock.monotonic())
         waiter.timer = loop.call_later(self._queue_timeout_s, self._expire, waiter)
         self._queue.append(waiter)
+        if len(self._queue) == 1 and self._on_queue_started is not None:
+            self._on_queue_started()
         try:
             return await waiter.future
         except asyncio.CancelledError:

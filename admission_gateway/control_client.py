@@ -23,6 +23,7 @@ the requests admitted under it to link to.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -69,6 +70,7 @@ class ControlClient:
         target: str,
         gateway_id: str,
         report_interval_s: float,
+        queue_report_min_interval_s: float,
         reconnect_initial_s: float,
         reconnect_max_s: float,
         clock: Clock,
@@ -84,6 +86,7 @@ class ControlClient:
         self._target = target
         self._gateway_id = gateway_id
         self._report_interval_s = report_interval_s
+        self._queue_report_min_interval_s = min(queue_report_min_interval_s, report_interval_s)
         self._reconnect_initial_s = reconnect_initial_s
         self._reconnect_max_s = max(reconnect_max_s, reconnect_initial_s)
         self._clock = clock
@@ -254,9 +257,17 @@ class ControlClient:
             self._on_tenants(tenants)
 
     async def _report_periodically(self, call: _Call, writes: asyncio.Lock) -> None:
+        queue_started = self._state.queue_started
+        # The periodic interval is counted from the end of the shortest gap, so that a gateway
+        # whose queues keep starting still reports every report_interval_s, and no more often
+        # than every queue_report_min_interval_s.
+        wait_s = self._report_interval_s - self._queue_report_min_interval_s
         try:
             while True:
-                await asyncio.sleep(self._report_interval_s)
+                await asyncio.sleep(self._queue_report_min_interval_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queue_started.wait(), wait_s)
+                queue_started.clear()
                 report = gateway_pb2.DemandReport(
                     pool=self._state.pool_name,
                     gateway_id=self._gateway_id,

@@ -7,6 +7,7 @@ messages into `TenantLimit`s and `TenantDemand`s into protobuf.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -90,6 +91,9 @@ class GatewayState:
 
     def __init__(self, pool: PoolConfig, gateway: GatewayConfig, clock: Clock) -> None:
         self.pool_name = pool.name
+        self.queue_started = asyncio.Event()
+        """Set when a tenant's requests start to queue here; the control client clears it when it
+        reports the demand."""
         limits = fallback_limits(pool, gateway.fallback_replicas)
         self._fallback = dict(limits)
         self._on_controlplane_loss = gateway.on_controlplane_loss
@@ -111,6 +115,7 @@ class GatewayState:
                     queue_timeout_s=gateway.queue_timeout_s,
                     clock=clock,
                     queue_wait_window=new_window(),
+                    on_queue_started=self.queue_started.set,
                 ),
                 target_slots=limit,
                 new_window=new_window,

@@ -328,6 +328,12 @@ class GatewayConfig(_Model):
     report_interval_s: PositiveSeconds = 0.25
     """Seconds between two demand reports to the control plane."""
 
+    queue_report_min_interval_s: PositiveSeconds = 0.02
+    """When a tenant's requests start to queue, the gateway reports at once rather than at the
+    next report_interval_s, so that the control plane can re-split the tenant's limit among the
+    gateways (or take a fast-path decision) while the request waits; at most one report per this
+    many seconds (at most report_interval_s), however many queues start."""
+
     on_controlplane_loss: Literal["keep", "fallback"] = "keep"
     """What a gateway enforces when its stream to the control plane breaks: `keep` the last
     allocation it applied (fail-static), or `fallback`: each tenant's limit becomes the smaller of

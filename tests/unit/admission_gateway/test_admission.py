@@ -49,6 +49,30 @@ async def test_admits_up_to_the_limit_then_queues() -> None:
     assert (admission.in_flight, admission.admitted_total, admission.completed_total) == (0, 3, 3)
 
 
+async def test_it_signals_when_requests_start_to_queue_not_for_each_one() -> None:
+    starts: list[int] = []
+    admission = TenantAdmission(
+        "A",
+        1,
+        queue_max_depth=16,
+        queue_timeout_s=30.0,
+        clock=ManualClock(),
+        on_queue_started=lambda: starts.append(admission.queued),
+    )
+    running = await admission.acquire()
+    waiters = await queue_up(admission, 3)
+    assert starts == [1]
+    running.release()
+    for waiter in waiters:
+        (await waiter).release()
+    # The queue emptied: the next request that has to wait starts a new queue.
+    blocker = await admission.acquire()
+    [late] = await queue_up(admission, 1)
+    assert starts == [1, 1]
+    blocker.release()
+    (await late).release()
+
+
 async def test_waiters_are_admitted_in_arrival_order() -> None:
     admission = make(1)
     held = await admission.acquire()

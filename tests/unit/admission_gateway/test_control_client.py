@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -34,12 +36,15 @@ class Harness:
         return self.fake.sessions[0]
 
 
-def make_client(state: GatewayState, port: int, clock: ManualClock) -> ControlClient:
+def make_client(
+    state: GatewayState, port: int, clock: ManualClock, *, report_interval_s: float = 0.02
+) -> ControlClient:
     return ControlClient(
         state,
         target=f"127.0.0.1:{port}",
         gateway_id="gw-1",
-        report_interval_s=0.02,
+        report_interval_s=report_interval_s,
+        queue_report_min_interval_s=0.01,
         reconnect_initial_s=0.02,
         reconnect_max_s=0.1,
         clock=clock,
@@ -89,6 +94,34 @@ async def test_demand_reports_flow_with_usage_and_latencies(harness: Harness) ->
     assert (tenant_a.in_flight, tenant_a.admitted_total, tenant_a.limit_slots) == (1, 1, 4)
     assert (tenant_a.queue_wait.count, tenant_a.e2e.count) == (1, 0)
     slot.release()
+
+
+async def test_a_queue_that_starts_is_reported_at_once() -> None:
+    fake = FakeControlPlane()
+    server, port = await serve(fake)
+    clock = ManualClock()
+    state = GatewayState(make_config("http://unused").pool("p"), make_config("x").gateway, clock)
+    # A periodic report would come only after an hour: any report that comes is the queue's.
+    client = make_client(state, port, clock, report_interval_s=3600.0)
+    tasks = Supervisor("test")
+    tasks.spawn("control-client", client.run())
+    admission_a = state.tenants["A"].admission
+    running = [await admission_a.acquire() for _ in range(admission_a.limit_slots)]
+    waiter = asyncio.create_task(admission_a.acquire())
+    try:
+        await wait_until(lambda: bool(fake.sessions and fake.sessions[0].of_kind("demand")))
+        [report] = fake.sessions[0].of_kind("demand")
+        tenant_a = next(t for t in report.demand.tenants if t.tenant == "A")
+        assert (tenant_a.in_flight, tenant_a.queued) == (admission_a.limit_slots, 1)
+        assert not state.queue_started.is_set()
+    finally:
+        waiter.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await waiter
+        for slot in running:
+            slot.release()
+        await tasks.stop()
+        await server.stop(None)
 
 
 async def test_an_update_is_applied_then_acked(harness: Harness) -> None:

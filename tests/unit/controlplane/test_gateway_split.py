@@ -22,18 +22,51 @@ def test_parts_sum_to_each_limit_on_random_cases() -> None:
         assert sum(sum(p.values()) for p in parts.values()) == sum(limits.values())
 
 
-def test_split_follows_demand_and_is_even_when_idle() -> None:
-    demand = {"g1": {"A": (30, 10), "B": (0, 0)}, "g2": {"A": (0, 0), "B": (0, 0)}}
-    parts = split_among_gateways({"A": 40, "B": 56}, demand)
-    assert parts == {"g1": {"A": 40, "B": 28}, "g2": {"A": 0, "B": 28}}
+def test_each_gateway_gets_its_demand_and_an_even_part_of_the_headroom() -> None:
+    demand = {"g1": {"A": (5, 0), "B": (0, 0)}, "g2": {"A": (1, 0), "B": (0, 0)}}
+    parts = split_among_gateways({"A": 12, "B": 56}, demand)
+    # A: 6 slots of headroom, 3 each; B: idle everywhere, split evenly.
+    assert parts == {"g1": {"A": 8, "B": 28}, "g2": {"A": 4, "B": 28}}
+
+
+def test_a_gateway_with_no_demand_still_gets_headroom() -> None:
+    # A burst's first request may reach either gateway: neither may have to wait for a re-split.
+    demand = {"g1": {"A": (2, 0)}, "g2": {"A": (0, 0)}, "g3": {"A": (0, 0)}}
+    parts = split_among_gateways({"A": 11}, demand)
+    assert parts == {"g1": {"A": 5}, "g2": {"A": 3}, "g3": {"A": 3}}
+
+
+def test_demand_beyond_the_limit_is_split_in_proportion() -> None:
+    demand = {"g1": {"A": (30, 10)}, "g2": {"A": (10, 0)}, "g3": {"A": (0, 0)}}
+    assert split_among_gateways({"A": 25}, demand) == {
+        "g1": {"A": 20},
+        "g2": {"A": 5},
+        "g3": {"A": 0},
+    }
 
 
 def test_no_gateways_no_parts() -> None:
     assert split_among_gateways({"A": 4}, {}) == {}
 
 
-def test_stale_when_one_gateway_queues_while_another_holds_unused_part() -> None:
-    targets = {"g1": {"A": 0}, "g2": {"A": 10}}
-    assert split_is_stale(targets, {"g1": {"A": (0, 3)}, "g2": {"A": (2, 0)}})
-    assert not split_is_stale(targets, {"g1": {"A": (0, 3)}, "g2": {"A": (10, 5)}})
-    assert not split_is_stale(targets, {"g1": {"A": (0, 0)}, "g2": {"A": (2, 0)}})
+def test_stale_when_one_gateway_has_used_its_part_while_another_holds_unused_part() -> None:
+    targets = {"g1": {"A": 3}, "g2": {"A": 10}}
+    # g1 queues, or is full and its next request would queue; g2 does not use all of its part.
+    assert split_is_stale(targets, {"g1": {"A": (3, 2)}, "g2": {"A": (2, 0)}})
+    assert split_is_stale(targets, {"g1": {"A": (3, 0)}, "g2": {"A": (2, 0)}})
+    # Both use their parts in full: nothing to move.
+    assert not split_is_stale(targets, {"g1": {"A": (3, 3)}, "g2": {"A": (10, 5)}})
+    # Both have room left.
+    assert not split_is_stale(targets, {"g1": {"A": (2, 0)}, "g2": {"A": (2, 0)}})
+
+
+def test_a_fresh_split_is_not_stale_unless_the_headroom_is_less_than_a_slot_each() -> None:
+    rng = random.Random(5)
+    for _ in range(500):
+        demand = {f"g{g}": {"A": (rng.randint(0, 20), 0)} for g in range(rng.randint(1, 4))}
+        wanted = sum(
+            in_flight for by_tenant in demand.values() for in_flight, _ in by_tenant.values()
+        )
+        limit = wanted + rng.randint(len(demand), 30)
+        parts = split_among_gateways({"A": limit}, demand)
+        assert not split_is_stale(parts, demand)
