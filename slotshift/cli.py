@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="run the emulator at the study's calibration points; print measured vs published",
     )
+    commands.add_parser(
+        "bench-tradeoff",
+        add_help=False,
+        help="batch throughput against interactive TTFT as the step model sets them "
+        "(the emulator's engine in virtual time)",
+    )
     up = commands.add_parser(
         "up",
         parents=[common],
@@ -172,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         from engine_sim.fidelity import main as fidelity_main
 
         return fidelity_main(argv[1:])
+    if argv[:1] == ["bench-tradeoff"]:
+        from engine_sim.tradeoff import main as tradeoff_main
+
+        return tradeoff_main(argv[1:])
     if argv[:1] == ["soak"]:
         # The soak benchmark has its own flags (--duration-s, --out-dir, ...).
         from slotshift.soak import main as soak_main
