@@ -157,6 +157,16 @@ def test_a_run_whose_harness_fell_behind_is_flagged() -> None:
     assert calm["harness"]["disturbed"] is None
 
 
+def test_the_table_shows_each_runs_harness_lag_beside_its_latencies() -> None:
+    calm, lagging = run_result(SCENARIO, "static"), run_result(SCENARIO, "demand")
+    calm.harness = {"loop_lag_p99_ms": 3.1}
+    lagging.harness = {"loop_lag_p99_ms": 42.4}
+    runs = {"static": run_summary(SCENARIO, calm), "demand": run_summary(SCENARIO, lagging)}
+    table = markdown_table(summary_document(SCENARIO, runs, {}))
+    [row] = [line for line in table.splitlines() if line.startswith("| harness loop lag")]
+    assert row.split("|")[2:4] == [" 3 ", " 42 "]
+
+
 def _bursty_scenario() -> Scenario:
     data = SCENARIO.model_dump(mode="json")
     data["tenants"][0]["api_keys"] = ["key-A"]
