@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
 from engine_sim.calibration import (
     CALIBRATION_POINTS,
@@ -46,6 +45,7 @@ from engine_sim.server import EngineSim
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import EngineSimConfig
+from slotshift.metrics_scrape import scrape_samples, summed
 
 CALIBRATED_PROFILE = DEFAULT_PROFILE
 """The profile the calibration points were measured on; others have no published figure."""
@@ -62,7 +62,7 @@ PROBE_PERIOD_S = 0.05
 GPU_SAMPLE_PERIOD_S = 1.0
 """How often the emulated GPU utilisation is scraped (it is itself a 1 s average)."""
 
-GENERATION_TOKENS = "vllm:generation_tokens"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
 GPU_UTILIZATION = "slotshift_sim_gpu_utilization_percent"
 
 
@@ -319,15 +319,15 @@ async def _snapshot(
 
 
 async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    """The emulator's metric families by name, each family's first sample value."""
-    async with session.get(f"{url}/metrics") as response:
-        response.raise_for_status()
-        text = await response.text()
-    return {
-        family.name: family.samples[0].value
-        for family in text_string_to_metric_families(text)
-        if family.samples
-    }
+    """The emulator's figures the benchmark reads, by name."""
+    samples = await scrape_samples(session, f"{url}/metrics")
+    figures = {}
+    for name in (GENERATION_TOKENS, GPU_UTILIZATION):
+        value = summed(samples, name)
+        if value is None:
+            raise RuntimeError(f"the emulator's /metrics has no {name}")
+        figures[name] = value
+    return figures
 
 
 def _percent(value: float, reference: float) -> float:

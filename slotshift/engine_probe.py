@@ -6,7 +6,8 @@ the same way."""
 from __future__ import annotations
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+
+from slotshift.metrics_scrape import parse_samples, summed
 
 ENGINE_REQUEST_GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 """vLLM's gauges whose sum is the number of requests inside the engine."""
@@ -32,8 +33,5 @@ async def served_model(
 
 def requests_inside(metrics_text: str) -> int:
     """Requests inside the engine, running plus waiting, summed over the scrape's samples."""
-    total = 0.0
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name in ENGINE_REQUEST_GAUGES:
-            total += sum(sample.value for sample in family.samples)
-    return round(total)
+    samples = parse_samples(metrics_text)
+    return round(sum(summed(samples, name) or 0.0 for name in ENGINE_REQUEST_GAUGES))

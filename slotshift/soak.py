@@ -45,12 +45,12 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from matplotlib.figure import Figure
-from prometheus_client.parser import text_string_to_metric_families
 from pydantic import SecretStr
 
 from slotshift.aiotasks import Supervisor
 from slotshift.config import SlotshiftConfig, apply_overrides, load_config
 from slotshift.engine_probe import served_model
+from slotshift.metrics_scrape import Samples, scrape_samples, summed
 
 logger = logging.getLogger(__name__)
 
@@ -432,26 +432,20 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
-async def _scrape(session: aiohttp.ClientSession, url: str) -> dict[str, list[Any]] | None:
-    """sample name -> [(labels, value)]; None when the endpoint does not answer."""
+async def _scrape(session: aiohttp.ClientSession, url: str) -> Samples | None:
+    """The endpoint's samples; None when it does not answer."""
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
-            text = await response.text()
+        return await scrape_samples(session, url, timeout_s=2.0)
     except (aiohttp.ClientError, TimeoutError):
         return None
-    values: dict[str, list[Any]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return values
 
 
-def _per_tenant(scraped: Mapping[str, list[Any]], name: str) -> dict[str, int]:
+def _per_tenant(scraped: Samples, name: str) -> dict[str, int]:
     return {labels["tenant"]: round(value) for labels, value in scraped.get(name, [])}
 
 
-def _engine_total(scraped: Mapping[str, list[Any]], name: str) -> int:
-    return round(sum(float(value) for _, value in scraped.get(name, [])))
+def _engine_total(scraped: Samples, name: str) -> int:
+    return round(summed(scraped, name) or 0.0)
 
 
 @dataclass
@@ -476,9 +470,7 @@ async def _watch_engine(
         await asyncio.sleep(ENGINE_POLL_S)
 
 
-async def _gateway_counters(
-    session: aiohttp.ClientSession, ports: SoakPorts
-) -> dict[str, Mapping[str, list[Any]]]:
+async def _gateway_counters(session: aiohttp.ClientSession, ports: SoakPorts) -> dict[str, Samples]:
     scraped = await asyncio.gather(
         *(_scrape(session, f"{ports.gateway_url(i)}/metrics") for i in range(2))
     )
@@ -573,7 +565,7 @@ def summarize(
     load_samples: Sequence[SoakSample],
     *,
     outcomes: Outcomes,
-    counters: Mapping[str, Mapping[str, list[Any]]],
+    counters: Mapping[str, Samples],
     budget_slots: int,
     engine_peak: int,
     duration_s: float,

@@ -19,11 +19,11 @@ from typing import Any
 
 import aiohttp
 import grpc
-from prometheus_client.parser import text_string_to_metric_families
 
 from slotshift.bench.decisions import HELD, PUBLISHED, REJECTED, DecisionView, merge
 from slotshift.bench.load import TenantCounters
 from slotshift.clock import Clock
+from slotshift.metrics_scrape import Samples, scrape_samples, summed
 from slotshift.v1 import query_pb2, query_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -174,11 +174,11 @@ class Sampler:
 
     async def _read_engine(self, sample: Sample) -> None:
         gauges = await self._engine_gauges()
-        sample.engine_running = _summed(gauges, "vllm:num_requests_running")
-        sample.engine_waiting = _summed(gauges, "vllm:num_requests_waiting")
-        sample.kv_cache_usage = _summed(gauges, "vllm:kv_cache_usage_perc")
-        sample.engine_generation_tokens = _summed(gauges, "vllm:generation_tokens_total")
-        emulated = _summed(gauges, SIM_GPU_UTILIZATION)
+        sample.engine_running = summed(gauges, "vllm:num_requests_running")
+        sample.engine_waiting = summed(gauges, "vllm:num_requests_waiting")
+        sample.kv_cache_usage = summed(gauges, "vllm:kv_cache_usage_perc")
+        sample.engine_generation_tokens = summed(gauges, "vllm:generation_tokens_total")
+        emulated = summed(gauges, SIM_GPU_UTILIZATION)
         if emulated is not None:
             sample.gpu_utilization_pct = emulated
             sample.gpu_emulated = True
@@ -188,28 +188,15 @@ class Sampler:
             sample.gpu_utilization_pct = telemetry.gpu_utilization_pct
             sample.gpu_emulated = telemetry.gpu_emulated
 
-    async def _engine_gauges(self) -> dict[str, list[float]]:
-        """The engine's samples by name (a counter's under its `_total` name)."""
+    async def _engine_gauges(self) -> Samples:
+        """The engine's samples; none when it does not answer."""
         try:
-            async with self._session.get(
-                self._metrics_url, timeout=aiohttp.ClientTimeout(total=self._rpc_timeout_s)
-            ) as response:
-                if response.status != 200:
-                    return {}
-                text = await response.text()
+            return await scrape_samples(
+                self._session, self._metrics_url, timeout_s=self._rpc_timeout_s
+            )
         except (aiohttp.ClientError, TimeoutError) as exc:
             logger.warning("engine /metrics did not answer a sample: %s", exc)
             return {}
-        values: dict[str, list[float]] = {}
-        for family in text_string_to_metric_families(text):
-            for metric in family.samples:
-                values.setdefault(metric.name, []).append(metric.value)
-        return values
 
     def _now_s(self) -> float:
         return self._clock.monotonic() - self._origin_s
-
-
-def _summed(gauges: Mapping[str, list[float]], name: str) -> float | None:
-    values = gauges.get(name)
-    return None if not values else float(sum(values))
