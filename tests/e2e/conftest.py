@@ -3,10 +3,7 @@ ports, as real processes."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -14,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.service_processes import grpc_serving, http_ok
-from tests.support import free_port, wait_until_sync
+from tests.e2e.service_processes import grpc_serving, http_ok, log_tail, slotshift_up
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "deploy" / "local" / "slotshift.yaml"
@@ -44,7 +41,7 @@ class RunningStack:
         }
 
     def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return log_tail(self.log, lines)
 
 
 @contextmanager
@@ -71,52 +68,35 @@ def running_stack(
         "local_stack.gateway_ports": f"[{gw0}, {gw1}]",
         **(overrides or {}),
     }
-    command = [sys.executable, "-m", "slotshift", "up", "--config", str(DEMO_CONFIG)]
-    for key, value in settings.items():
-        command += ["--set", f"{key}={value}"]
+    gateway_urls = [f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"]
+
+    def ready() -> bool:
+        return (
+            grpc_serving(f"127.0.0.1:{cp}")
+            and all(http_ok(f"{url}/ready") for url in gateway_urls)
+            and http_ok(f"http://127.0.0.1:{agent_metrics}/health")
+        )
+
     log = log_dir / "slotshift-up.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            command,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env={**os.environ, **(environment or {})},
+    with slotshift_up(
+        log,
+        config=DEMO_CONFIG,
+        settings=settings,
+        ready=ready,
+        ready_timeout_s=60,
+        stop_timeout_s=60,
+        environment=environment,
+    ) as process:
+        yield RunningStack(
+            process=process,
+            log=log,
+            grpc_target=f"127.0.0.1:{cp}",
+            gateway_urls=gateway_urls,
+            engine_url=f"http://127.0.0.1:{engine}",
+            decision_period_s=period_s,
+            controlplane_metrics_url=f"http://127.0.0.1:{cp_metrics}/metrics",
+            agent_metrics_url=f"http://127.0.0.1:{agent_metrics}/metrics",
         )
-    stack = RunningStack(
-        process=process,
-        log=log,
-        grpc_target=f"127.0.0.1:{cp}",
-        gateway_urls=[f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"],
-        engine_url=f"http://127.0.0.1:{engine}",
-        decision_period_s=period_s,
-        controlplane_metrics_url=f"http://127.0.0.1:{cp_metrics}/metrics",
-        agent_metrics_url=f"http://127.0.0.1:{agent_metrics}/metrics",
-    )
-    try:
-        wait_until_sync(
-            lambda: (
-                process.poll() is not None
-                or (
-                    grpc_serving(stack.grpc_target)
-                    and all(http_ok(f"{url}/ready") for url in stack.gateway_urls)
-                    and http_ok(f"http://127.0.0.1:{agent_metrics}/health")
-                )
-            ),
-            timeout_s=60,
-            message="the local stack to become ready",
-        )
-        assert process.poll() is None, f"slotshift up exited early:\n{stack.log_tail()}"
-        yield stack
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-    assert process.returncode == 0, f"slotshift up did not stop cleanly:\n{stack.log_tail()}"
 
 
 @pytest.fixture(scope="module")

