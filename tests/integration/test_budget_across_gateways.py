@@ -30,14 +30,14 @@ class Stack:
     gateways: list[AdmissionGateway]
 
 
-def _config(engine_url: str, grpc_port: int) -> SlotshiftConfig:
+def _config(engine_url: str, grpc_port: int, policy: str = "demand") -> SlotshiftConfig:
     return parse_config(
         {
             "pools": [
                 {
                     "name": "default",
                     "budget_slots": BUDGET,
-                    "policy": "demand",
+                    "policy": policy,
                     "decision_period_s": 0.2,
                     "engine_url": engine_url,
                     "tenants": [
@@ -60,24 +60,34 @@ def _config(engine_url: str, grpc_port: int) -> SlotshiftConfig:
     )
 
 
+async def _start(exits: AsyncExitStack, policy: str) -> Stack:
+    base = _config("http://127.0.0.1:1", 0, policy)
+    engine = EngineSim(base.engine_sim)
+    await engine.start()
+    exits.push_async_callback(engine.stop)
+    control_plane = ControlPlane(base)
+    await control_plane.start()
+    exits.push_async_callback(control_plane.stop)
+    config = _config(engine.url, control_plane.grpc_port, policy)
+    gateways = []
+    for index in range(3):
+        gateway = AdmissionGateway(config, gateway_id=f"gw-{index}")
+        await gateway.start()
+        exits.push_async_callback(gateway.stop)
+        gateways.append(gateway)
+    return Stack(config, engine, control_plane, gateways)
+
+
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
     async with AsyncExitStack() as exits:
-        base = _config("http://127.0.0.1:1", 0)
-        engine = EngineSim(base.engine_sim)
-        await engine.start()
-        exits.push_async_callback(engine.stop)
-        control_plane = ControlPlane(base)
-        await control_plane.start()
-        exits.push_async_callback(control_plane.stop)
-        config = _config(engine.url, control_plane.grpc_port)
-        gateways = []
-        for index in range(3):
-            gateway = AdmissionGateway(config, gateway_id=f"gw-{index}")
-            await gateway.start()
-            exits.push_async_callback(gateway.stop)
-            gateways.append(gateway)
-        yield Stack(config, engine, control_plane, gateways)
+        yield await _start(exits, "demand")
+
+
+@pytest.fixture
+async def static_stack() -> AsyncIterator[Stack]:
+    async with AsyncExitStack() as exits:
+        yield await _start(exits, "static")
 
 
 async def _closed_loop(
@@ -157,3 +167,47 @@ async def test_engine_never_holds_more_than_the_budget_and_gateways_ack(stack: S
     ]
     assert sum(targets) == BUDGET
     assert state.applied_versions() == {g: allocation.version for g in ("gw-0", "gw-1", "gw-2")}
+
+
+async def test_a_tenant_busy_at_one_gateway_leaves_headroom_at_the_others(
+    static_stack: Stack,
+) -> None:
+    """A's 12 slots: A runs 4 long requests through gw-0 only. gw-0 gets those 4 and a third of
+    the other 8, and gw-1 and gw-2 keep the rest, so that A's next request is admitted at once
+    wherever it arrives (split by demand alone, gw-1 and gw-2 would hold nothing of A's)."""
+    stack = static_stack
+    state = stack.control_plane.pools["default"]
+    await wait_until(lambda: state.gateways_connected == 3, message="three gateways connected")
+    assert state.allocation.tenant_limits["A"] == BUDGET // 2
+    until = time.monotonic() + 60.0
+    async with aiohttp.ClientSession() as session:
+        running = [
+            asyncio.create_task(
+                _closed_loop(session, stack.gateways[0].url, "key-a", until, 2_000),
+                name=f"tenant-a-{i}",
+            )
+            for i in range(4)
+        ]
+        try:
+            admission = [g.state.tenants["A"].admission for g in stack.gateways]
+            # Headroom 12 - 4 = 8, split 3, 3, 2 (ties go to the first gateways).
+            await wait_until(
+                lambda: [a.limit_slots for a in admission] == [4 + 3, 3, 2],
+                timeout_s=10.0,
+                message="A's limit split as demand plus an even part of the headroom",
+            )
+            assert [a.in_flight for a in admission] == [4, 0, 0]
+            # A request of A through gw-2 is admitted without waiting.
+            payload = {"model": "Qwen/Qwen2.5-3B-Instruct", "prompt": "hi", "max_tokens": 2}
+            async with session.post(
+                f"{stack.gateways[2].url}/v1/completions",
+                json=payload,
+                headers={"Authorization": "Bearer key-a"},
+            ) as response:
+                assert response.status == 200, await response.text()
+            waited = admission[2].queue_wait.percentiles()
+            assert waited.count == 1 and waited.p99_s < 0.005
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
