@@ -20,6 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from slotshift.bench.summary import MET_TEXT, goal_label, goal_met, goal_target
+
 BASELINE_RUN = "static"
 
 
@@ -74,21 +76,10 @@ def goals_table(documents: Sequence[Mapping[str, Any]]) -> str:
         ]
         present = [v for v in values if v is not None]
         middle = statistics.median(present) if present else None
-        if middle is None:
-            met = "-"
-        elif goal["at_least"] is not None:
-            met = "yes" if middle >= goal["at_least"] else "NO"
-        else:
-            met = "yes" if middle <= goal["at_most"] else "NO"
-        target = (
-            f">= {goal['at_least']:g}"
-            if goal["at_least"] is not None
-            else f"<= {goal['at_most']:g}"
-        )
-        scope = "total" if goal["tenant"] is None else f"tenant {goal['tenant']}"
-        cells = [f"{goal.get('ratio') or goal.get('run')} {goal['field']} ({scope})"]
+        met = goal_met(middle, goal["at_least"], goal["at_most"])
+        cells = [goal_label(goal)]
         cells += ["-" if v is None else f"{v:.3f}" for v in values]
-        cells += ["-" if middle is None else f"{middle:.3f}", target, met]
+        cells += ["-" if middle is None else f"{middle:.3f}", goal_target(goal), MET_TEXT[met]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

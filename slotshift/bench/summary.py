@@ -250,13 +250,37 @@ def goal_results(
         if all(run in policies for run in goal.runs):
             figures = [_figure(policies[run], goal) for run in goal.runs]
             value = figures[0] if len(figures) == 1 else ratio(figures[0], figures[1])
-        met: bool | None = None
-        if value is not None and goal.at_least is not None:
-            met = value >= goal.at_least
-        elif value is not None and goal.at_most is not None:
-            met = value <= goal.at_most
+        met = goal_met(value, goal.at_least, goal.at_most)
         results.append({**goal.model_dump(), "value": value, "met": met})
     return results
+
+
+def goal_met(value: Figure, at_least: float | None, at_most: float | None) -> bool | None:
+    """Whether a goal's value meets its bound; None when there is no value."""
+    if value is None:
+        return None
+    if at_least is not None:
+        return value >= at_least
+    if at_most is not None:
+        return value <= at_most
+    return None
+
+
+MET_TEXT = {True: "yes", False: "NO", None: "-"}
+"""How a goal's outcome reads in a table."""
+
+
+def goal_label(goal: Mapping[str, Any]) -> str:
+    """A goal of summary.json's `goals` as a table names it: what it compares, and its scope."""
+    scope = "total" if goal["tenant"] is None else f"tenant {goal['tenant']}"
+    return f"{goal.get('ratio') or goal.get('run')} {goal['field']} ({scope})"
+
+
+def goal_target(goal: Mapping[str, Any]) -> str:
+    """A goal's bound as a table shows it."""
+    if goal["at_least"] is not None:
+        return f">= {goal['at_least']:g}"
+    return f"<= {goal['at_most']:g}"
 
 
 def _figure(policy: Mapping[str, Any], goal: Goal) -> Figure:
@@ -354,20 +378,13 @@ def markdown_table(document: Mapping[str, Any]) -> str:
         lines.append("| goal | value | target | met |")
         lines.append("| --- | ---: | ---: | --- |")
         for goal in goals:
-            scope = "total" if goal["tenant"] is None else f"tenant {goal['tenant']}"
-            target = (
-                f">= {goal['at_least']:g}"
-                if goal["at_least"] is not None
-                else f"<= {goal['at_most']:g}"
-            )
-            met = {True: "yes", False: "NO", None: "-"}[goal["met"]]
             lines.append(
                 _row(
                     [
-                        f"{goal['ratio'] or goal['run']} {goal['field']} ({scope})",
+                        goal_label(goal),
                         _cell(goal["value"], "{:.3f}"),
-                        target,
-                        met,
+                        goal_target(goal),
+                        MET_TEXT[goal["met"]],
                     ]
                 )
             )
