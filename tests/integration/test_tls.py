@@ -17,7 +17,6 @@ import asyncio
 import re
 import shlex
 import ssl
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from slotshift.config import ClientTlsConfig, ServerTlsConfig, SlotshiftConfig, 
 from slotshift.tls import load_channel_security, open_channel, server_ssl_context
 from telemetry_agent.agent import TelemetryAgent
 from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
+from tests.grpcurl import grpcurl_binary
 from tests.pki import TestPki, make_pki
 from tests.support import wait_until
 
@@ -46,7 +46,6 @@ pytestmark = pytest.mark.integration
 
 KEY_A = "tls-test-key-a"
 MODEL = "Qwen/Qwen2.5-3B-Instruct"
-GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
 
 class _NoGpu:
@@ -276,7 +275,7 @@ async def test_a_trusted_client_may_name_the_server_it_expects(
 
 async def _grpcurl(*args: str) -> tuple[int, str]:
     process = await asyncio.create_subprocess_exec(
-        GRPCURL,
+        grpcurl_binary(),
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
