@@ -35,6 +35,7 @@ from pathlib import Path
 
 from engine_sim.engine_core import EngineCore, RequestSpec
 from engine_sim.profiles import DEFAULT_PROFILE, PROFILES
+from slotshift.bench.stats import percentile
 from slotshift.config import EngineSimConfig
 
 INTERACTIVE = "interactive"
@@ -151,14 +152,13 @@ def measure_point(
         for finished in outcome.finished:
             if finished.request_id.startswith(BATCH):
                 submit_batch(now_s)
-    ttfts_ms.sort()
     return EnginePoint(
         batch_in_flight=batch_in_flight,
         interactive=interactive,
         batch_tokens_per_s=tokens[BATCH] / duration_s,
         interactive_tokens_per_s=tokens[INTERACTIVE] / duration_s,
-        ttft_p50_ms=_percentile(ttfts_ms, 0.50),
-        ttft_p99_ms=_percentile(ttfts_ms, 0.99),
+        ttft_p50_ms=percentile(ttfts_ms, 50) if ttfts_ms else None,
+        ttft_p99_ms=percentile(ttfts_ms, 99) if ttfts_ms else None,
         interactive_requests=len(ttfts_ms),
     )
 
@@ -197,12 +197,6 @@ def policy_bounds(
             )
         )
     return bounds
-
-
-def _percentile(sorted_values: Sequence[float], fraction: float) -> float | None:
-    if not sorted_values:
-        return None
-    return sorted_values[min(len(sorted_values) - 1, int(fraction * len(sorted_values)))]
 
 
 def batch_sizes(setup: TradeoffSetup, step: int = 4) -> list[int]:
