@@ -38,11 +38,15 @@ from slotshift.config import EngineSimConfig
 
 
 class FinishReason(StrEnum):
-    """Why a request ended; the values are vLLM's `finished_reason` label values."""
+    """Why a request ended; the values are vLLM's `finished_reason` label values
+    (vllm/v1/engine/__init__.py), each of which its /metrics shows from the start. The emulator
+    ends requests with the first three only: it has no engine errors and no repetition detection."""
 
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    ERROR = "error"
+    REPETITION = "repetition"
 
 
 @dataclass(frozen=True)

@@ -26,12 +26,7 @@ CLAIMED_VLLM_METRICS = (
 )
 """The vLLM V1 metrics the emulator publishes, as a scrape names them."""
 
-KNOWN_DIFFERENCES = {
-    # vLLM 0.32 publishes every FinishReason (vllm/v1/engine/__init__.py) at 0 from the start;
-    # the emulator only the three it produces. Reported; engine_sim is to add the other two.
-    "vllm:request_success_total: label finished_reason takes ('abort', 'length', 'stop') in the "
-    "emulator, ('abort', 'error', 'length', 'repetition', 'stop') in vLLM",
-}
+KNOWN_DIFFERENCES: set[str] = set()
 """How the emulator differs from vLLM 0.32, known and reported. The tests compare with this set
 exactly: a new difference fails them, and so does one that is fixed (so that it stays true)."""
 
