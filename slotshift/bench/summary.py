@@ -102,8 +102,9 @@ def disturbance(harness: Mapping[str, Any]) -> str | None:
         f"the harness's event loop lagged (p99 {lag:.0f} ms, max "
         f"{harness.get('loop_lag_max_ms') or 0:.0f} ms; 1-min load average "
         f"{harness.get('load_average_1m_before', 0):.1f} before, "
-        f"{harness.get('load_average_1m_after', 0):.1f} after): the host's CPUs were contended "
-        "and the emulator, which runs in real time, fell behind; do not compare this run"
+        f"{harness.get('load_average_1m_after', 0):.1f} after): the host's CPUs were contended, "
+        "so the harness saw events late and any engine on those CPUs (the emulator, vLLM's CPU "
+        "build) fell behind; do not compare this run"
     )
 
 
