@@ -86,7 +86,9 @@ class AsyncEngine:
         """End a request now (its client went away); nothing happens if it already finished."""
         finished = self.core.abort(request_id, self._clock.monotonic())
         if finished is not None:
-            self.metrics.record_finished(finished)
+            # Not in the request metrics: vLLM 0.32 counts an aborted request in none of them
+            # (vllm:request_success_total{finished_reason="abort"} stays 0, nor its latencies;
+            # vllm-project/vllm#55634), only in the token counters its steps already fed.
             self._deliver_finished(finished)
 
     def abort_all(self) -> None:

@@ -152,16 +152,14 @@ class EngineMetrics:
             else:
                 self._inter_token_latency.observe(token.interval_s)
         for finished in outcome.finished:
-            self.record_finished(finished)
+            self._record_finished(finished)
 
-    def record_finished(self, finished: FinishedRequest) -> None:
-        """Count a request that left the engine, aborted ones included."""
+    def _record_finished(self, finished: FinishedRequest) -> None:
+        """Count a request that ran to its end (stop or length)."""
         self._success[finished.reason].inc()
-        queued_s = finished.queued_s
-        # A request aborted before it was ever scheduled has no queue or e2e time worth a sample.
-        if queued_s is not None:
-            self._e2e.observe(finished.e2e_s)
-            self._queue_time.observe(queued_s)
+        self._e2e.observe(finished.e2e_s)
+        if finished.queued_s is not None:  # typed optional; set for every request that ran
+            self._queue_time.observe(finished.queued_s)
 
     def exposition(self) -> bytes:
         """The text format a scrape returns."""

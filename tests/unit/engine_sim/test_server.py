@@ -367,9 +367,16 @@ async def test_a_stream_whose_client_disconnects_is_aborted(
     await wait_until(lambda: sim.num_running == 0, timeout_s=5, message="the request aborted")
     assert sim.aborted_count == 1
     assert sim.engine.core.used_blocks == 0
+    # As in vLLM 0.32: the aborted request is in the token counters, in no request metric.
     async with http.get(f"{sim.url}/metrics") as metrics:
-        success = samples_of(await metrics.text())["vllm:request_success"][1]
-    assert value_of(success, "vllm:request_success_total", finished_reason="abort") == 1
+        families = samples_of(await metrics.text())
+    generated = families["vllm:generation_tokens"][1]
+    assert value_of(generated, "vllm:generation_tokens_total") >= 1
+    success = families["vllm:request_success"][1]
+    for reason in ("abort", "length", "stop"):
+        assert value_of(success, "vllm:request_success_total", finished_reason=reason) == 0
+    e2e = families["vllm:e2e_request_latency_seconds"][1]
+    assert value_of(e2e, "vllm:e2e_request_latency_seconds_count") == 0
 
 
 async def test_a_plain_request_whose_client_disconnects_is_aborted(
