@@ -147,6 +147,7 @@ async def _drive(
             clock=clock,
             origin_s=origin_s,
             interval_s=scenario.sample_interval_s,
+            gateway_metrics_urls=[f"{url}/metrics" for url in gateways],
         )
 
         lag = LoopLagProbe(clock)

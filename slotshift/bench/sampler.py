@@ -4,21 +4,24 @@ From the control plane (AllocationService): each tenant's decided limit (GetAllo
 runs and queues over the gateways (ListTenants: the demand the policy sees) and the decision log
 (GetDecisions, merged by id so a long run never loses one to the log's bound). From the engine's
 /metrics: running and waiting requests, KV-cache usage and, on the emulator, its modelled GPU
-utilisation (`slotshift_sim_gpu_utilization_percent`, labelled emulated). When the engine has
-no such gauge, the GPU figure is the one the telemetry agent last reported into a decision
-(NVML on a real GPU; its own emulated flag says which).
+utilisation (`slotshift_sim_gpu_utilization_percent`, labelled emulated), and the counters
+the waste is computed from (generated tokens, prefix-cache queries and hits). When the engine
+has no such gauge, the GPU figure is the one the telemetry agent last reported into a decision
+(NVML on a real GPU; its own emulated flag says which). From each gateway's /metrics: its waste
+counter per tenant and kind, summed over the gateways (slotshift/bench/waste.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import aiohttp
 import grpc
+from prometheus_client.parser import text_string_to_metric_families
 
 from slotshift.bench.decisions import HELD, PUBLISHED, REJECTED, DecisionView, merge
 from slotshift.bench.load import TenantCounters
@@ -29,6 +32,8 @@ from slotshift.v1 import query_pb2, query_pb2_grpc
 logger = logging.getLogger(__name__)
 
 SIM_GPU_UTILIZATION = "slotshift_sim_gpu_utilization_percent"
+GATEWAY_WASTE = "slotshift_gateway_waste_tokens"
+"""The gateways' waste counter (exposed as `_total`), labelled tenant and kind."""
 DECISIONS_PER_POLL = 64
 """Decisions fetched per sample: far more than can be taken between two samples."""
 
@@ -64,6 +69,13 @@ class Sample:
     """0 to 1."""
     engine_generation_tokens: float | None = None
     """The engine's vllm:generation_tokens_total (output tokens generated since it started)."""
+    engine_prefix_cache_queries: float | None = None
+    """The engine's vllm:prefix_cache_queries_total (prompt tokens looked up in its cache)."""
+    engine_prefix_cache_hits: float | None = None
+    """The engine's vllm:prefix_cache_hits_total (of those, tokens found there)."""
+    gateway_waste_tokens: dict[str, dict[str, float]] | None = None
+    """The gateways' waste counters summed: tenant -> kind -> tokens; None when a gateway did
+    not answer or does not export the counter."""
     gpu_utilization_pct: float | None = None
     gpu_emulated: bool | None = None
 
@@ -101,8 +113,11 @@ class Sampler:
         clock: Clock,
         origin_s: float,
         interval_s: float,
+        gateway_metrics_urls: Sequence[str] = (),
         rpc_timeout_s: float = 2.0,
     ) -> None:
+        """gateway_metrics_urls: each gateway's /metrics, read for its waste counters (none:
+        no per-tenant waste)."""
         self._stub = stub
         self._session = session
         self._pool = pool
@@ -111,6 +126,7 @@ class Sampler:
         self._clock = clock
         self._origin_s = origin_s
         self._interval_s = interval_s
+        self._gateway_metrics_urls = list(gateway_metrics_urls)
         self._rpc_timeout_s = rpc_timeout_s
         self.samples: list[Sample] = []
         self.decisions: dict[int, DecisionView] = {}
@@ -136,6 +152,7 @@ class Sampler:
         sample.completed = {t: c.completed for t, c in self._counters.items()}
         await self._read_control_plane(sample)
         await self._read_engine(sample)
+        await self._read_gateways(sample)
         return sample
 
     async def fetch_decisions(self) -> None:
@@ -178,6 +195,8 @@ class Sampler:
         sample.engine_waiting = summed(gauges, "vllm:num_requests_waiting")
         sample.kv_cache_usage = summed(gauges, "vllm:kv_cache_usage_perc")
         sample.engine_generation_tokens = summed(gauges, "vllm:generation_tokens_total")
+        sample.engine_prefix_cache_queries = summed(gauges, "vllm:prefix_cache_queries_total")
+        sample.engine_prefix_cache_hits = summed(gauges, "vllm:prefix_cache_hits_total")
         emulated = summed(gauges, SIM_GPU_UTILIZATION)
         if emulated is not None:
             sample.gpu_utilization_pct = emulated
@@ -187,6 +206,23 @@ class Sampler:
         if telemetry is not None and telemetry.gpu_available:
             sample.gpu_utilization_pct = telemetry.gpu_utilization_pct
             sample.gpu_emulated = telemetry.gpu_emulated
+
+    async def _read_gateways(self, sample: Sample) -> None:
+        if not self._gateway_metrics_urls:
+            return
+        texts = []
+        for url in self._gateway_metrics_urls:
+            try:
+                async with self._session.get(
+                    url, timeout=aiohttp.ClientTimeout(total=self._rpc_timeout_s)
+                ) as response:
+                    response.raise_for_status()
+                    texts.append(await response.text())
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                # A sum over some of the gateways would read as a drop in their counters.
+                logger.warning("gateway %s did not answer a sample: %s", url, exc)
+                return
+        sample.gateway_waste_tokens = gateway_waste(texts)
 
     async def _engine_gauges(self) -> Samples:
         """The engine's samples; none when it does not answer."""
@@ -200,3 +236,26 @@ class Sampler:
 
     def _now_s(self) -> float:
         return self._clock.monotonic() - self._origin_s
+
+
+def gateway_waste(expositions: Sequence[str]) -> dict[str, dict[str, float]] | None:
+    """The waste counters of every gateway's /metrics text, summed: tenant -> kind -> tokens.
+    None when one of them does not declare the counter; a declared counter with no samples yet
+    (a labelled counter shows a label set once counted) is no waste yet."""
+    total: dict[str, dict[str, float]] = {}
+    for text in expositions:
+        declared = False
+        for family in text_string_to_metric_families(text):
+            declared = declared or family.name == GATEWAY_WASTE
+            # By sample name, not family: a `_created` line between two label sets makes the
+            # text parser start untyped families that still hold `_total` samples.
+            for point in family.samples:
+                if point.name != f"{GATEWAY_WASTE}_total":
+                    continue
+                declared = True
+                by_kind = total.setdefault(point.labels.get("tenant", ""), {})
+                kind = point.labels.get("kind", "")
+                by_kind[kind] = by_kind.get(kind, 0.0) + point.value
+        if not declared:
+            return None
+    return total

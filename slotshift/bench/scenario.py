@@ -44,8 +44,8 @@ RatioField = Literal[
 ]
 """The figures the summary compares between policies (`ratios` in summary.json)."""
 
-ValueField = Literal["reclaim_median_s", "reclaim_p90_s"]
-"""Figures a goal may bound within one run (they are times, not compared between runs)."""
+ValueField = Literal["reclaim_median_s", "reclaim_p90_s", "waste_percent"]
+"""Figures a goal may bound within one run (times and shares, not compared between runs)."""
 
 
 class ScenarioError(ValueError):
@@ -196,6 +196,10 @@ class BenchTenant(_Model):
     borrowing_limit_percent: Annotated[float, Field(ge=0)] | None = None
     """Most the slo policy lets it hold above its nominal share, in percent of that share;
     unset: up to its ceiling (the pool's tenant setting of the same name)."""
+
+    preemptible: bool = False
+    """Whether its borrowed work may be paused when a lender needs its slots back (the pool's
+    tenant setting of the same name; meant for batch tenants)."""
 
     arrival: Arrival
     """When it sends requests."""
@@ -367,6 +371,7 @@ class Scenario(_Model):
                     weight=t.weight,
                     lendable_percent=t.lendable_percent,
                     borrowing_limit_percent=t.borrowing_limit_percent,
+                    preemptible=t.preemptible,
                 )
                 for t in self.tenants
             ],

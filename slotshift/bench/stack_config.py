@@ -78,6 +78,7 @@ def stack_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
                 "weight": t.weight,
                 "lendable_percent": t.lendable_percent,
                 "borrowing_limit_percent": t.borrowing_limit_percent,
+                "preemptible": t.preemptible,
                 "ttft_slo_ms": t.slo.ttft_ms,
                 "e2e_slo_ms": t.slo.e2el_ms,
             }

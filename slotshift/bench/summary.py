@@ -8,6 +8,9 @@ summary.json:
   limit in force at the window's end; null in the pool baseline, where no tenant has a limit of
   its own), mean_limit_slots and mean_outstanding (the client-side demand); for tenants with
   on/off bursts, RECLAIM_FIELDS (slotshift/bench/reclaim.py).
+- WASTE_FIELDS (slotshift/bench/waste.py), total (the engine's counters) and per tenant (the
+  gateways'; null in the pool baseline, whose gateways know one tenant): tokens the engine
+  computed that no client received, and their share of the output received.
 - `policies.<run>.controller`: the same trajectory over the control plane's own tenants.
 - `ratios.<a>/<b>`: a's figure over b's for the RatioField figures, total and per tenant.
 - `goals`: the scenario's targets (a ratio between two runs, or one run's own value) with their
@@ -29,6 +32,7 @@ from slotshift.bench.runner import RunResult
 from slotshift.bench.sampler import Sample
 from slotshift.bench.scenario import POOL_BASELINE, Goal, OnOffArrival, RatioField, Scenario
 from slotshift.bench.stats import Figure, mean_and_peak, rate, ratio, summarise
+from slotshift.bench.waste import NO_WASTE_READING, pool_waste, tenant_waste
 
 RATIO_FIELDS: tuple[str, ...] = get_args(RatioField)
 
@@ -83,6 +87,14 @@ DEFINITIONS = {
     "shortfall, from the first sample at which the tenant queues at the gateways while running "
     "less than its nominal share to the first later sample at which it does not (0 when it is "
     "never short); resolution: the sample interval",
+    "waste": "output tokens the engine generated that no client received (restarts) plus prompt "
+    "tokens it computed again (resumes) that were not prefix-cache hits, between the first and "
+    "last samples in the window. Total: vllm:generation_tokens_total's increase minus the output "
+    "tokens the clients received, plus (vllm:prefix_cache_queries_total - "
+    "vllm:prefix_cache_hits_total)'s increase minus the prompt tokens of the requests whose first "
+    "token arrived (their first prefill, taken to miss the cache), each clamped at 0. Per tenant: "
+    "the gateways' slotshift_gateway_waste_tokens_total. waste_percent: of the output tokens the "
+    "clients received in the same span. null: a counter is absent",
     "pool_baseline": "one tenant holding every key, floor 0, the whole budget, static policy; "
     "requests attributed to the scenario's tenants client-side",
 }
@@ -143,9 +155,16 @@ def run_summary(scenario: Scenario, result: RunResult) -> dict[str, Any]:
         holds=path.holds,
         rejected=path.rejected,
     )
+    total.update(pool_waste(result.samples, result.traces, window).figures())
     baseline = result.run.policy == POOL_BASELINE
     for name, figures in tenants.items():
         figures.update(_reclaim_figures(scenario, result, name))
+        waste = (
+            NO_WASTE_READING
+            if baseline
+            else tenant_waste(result.samples, result.traces, window, name)
+        )
+        figures.update(waste.figures())
         figures.update(
             moves_toward=path.moves_toward.get(name, 0),
             final_cap_slots=None if baseline else final_caps.get(name),
@@ -336,6 +355,9 @@ _STUDY_ROWS: tuple[tuple[str, str | None, str, str], ...] = (
     ("final cap {tenant} (slots)", "*", "final_cap_slots", "{}"),
     ("reclaim median {tenant} (s)", "*", "reclaim_median_s", "{:.2f}"),
     ("reclaim p90 {tenant} (s)", "*", "reclaim_p90_s", "{:.2f}"),
+    ("waste (tokens)", None, "waste_tokens", "{:,.0f}"),
+    ("waste (% of output)", None, "waste_percent", "{:.2f}"),
+    ("waste {tenant} (% of its output)", "*", "waste_percent", "{:.2f}"),
     # Every latency the client measures includes its own event loop's lag: a run's tail
     # latencies are to be read against it.
     ("harness loop lag p99 (ms)", None, "harness.loop_lag_p99_ms", "{:.0f}"),

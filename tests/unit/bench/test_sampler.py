@@ -26,6 +26,16 @@ vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
 vllm:generation_tokens_total{engine="0",model_name="m"} 12345.0
 vllm:generation_tokens_created{engine="0",model_name="m"} 1.7e9
 """
+PREFIX_CACHE = """\
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 5000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1200.0
+"""
+GATEWAY_WASTE = """\
+# TYPE slotshift_gateway_waste_tokens_total counter
+slotshift_gateway_waste_tokens_total{kind="discarded_output",tenant="B"} 5.0
+"""
 SIM_GPU = """\
 # TYPE slotshift_sim_gpu_utilization_percent gauge
 slotshift_sim_gpu_utilization_percent{engine="0",model_name="m"} 87.5
@@ -102,6 +112,9 @@ class Fakes:
     target: str
     metrics_url: str
     metrics_text: list[str]
+    gateway_urls: list[str]
+    gateway_texts: list[str]
+    """What each gateway's /metrics answers; empty: it fails with 500."""
 
 
 @pytest.fixture
@@ -112,22 +125,44 @@ async def fakes() -> AsyncIterator[Fakes]:
     await server.start()
     text = [ENGINE_METRICS + SIM_GPU]
 
+    gateway_texts = [GATEWAY_WASTE, GATEWAY_WASTE]
+
     async def metrics(_: web.Request) -> web.Response:
         return web.Response(text=text[0], content_type="text/plain")
 
+    async def gateway_metrics(request: web.Request) -> web.Response:
+        answer = gateway_texts[int(request.match_info["index"])]
+        if not answer:
+            raise web.HTTPInternalServerError()
+        return web.Response(text=answer, content_type="text/plain")
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/gateway/{index}/metrics", gateway_metrics)
     runner = web.AppRunner(app)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
     try:
-        yield Fakes(f"127.0.0.1:{port}", f"http://127.0.0.1:{runner.addresses[0][1]}/metrics", text)
+        yield Fakes(
+            f"127.0.0.1:{port}",
+            f"{base}/metrics",
+            text,
+            [f"{base}/gateway/{i}/metrics" for i in range(2)],
+            gateway_texts,
+        )
     finally:
         await runner.cleanup()
         await server.stop(None)
 
 
-def _sampler(fakes: Fakes, channel: grpc.aio.Channel, session: aiohttp.ClientSession) -> Sampler:
+def _sampler(
+    fakes: Fakes,
+    channel: grpc.aio.Channel,
+    session: aiohttp.ClientSession,
+    *,
+    gateways: bool = False,
+) -> Sampler:
     counters = {"A": TenantCounters(sent=60, completed=12, outstanding=48), "B": TenantCounters()}
     return Sampler(
         stub=query_pb2_grpc.AllocationServiceStub(channel),
@@ -138,6 +173,7 @@ def _sampler(fakes: Fakes, channel: grpc.aio.Channel, session: aiohttp.ClientSes
         clock=ManualClock(start_s=1010.0),
         origin_s=1000.0,
         interval_s=0.5,
+        gateway_metrics_urls=fakes.gateway_urls if gateways else (),
         rpc_timeout_s=1.0,
     )
 
@@ -159,6 +195,9 @@ async def test_a_sample_reads_the_control_plane_and_the_engine(fakes: Fakes) -> 
     assert (sample.engine_running, sample.engine_waiting) == (90.0, 3.0)
     assert sample.kv_cache_usage == 0.25
     assert sample.engine_generation_tokens == 12345.0
+    # No prefix-cache counters exported, no gateways given: unknown, not zero.
+    assert (sample.engine_prefix_cache_queries, sample.engine_prefix_cache_hits) == (None, None)
+    assert sample.gateway_waste_tokens is None
     assert (sample.gpu_utilization_pct, sample.gpu_emulated) == (87.5, True)
     assert sorted(sampler.decisions) == [1, 2]
     newest = sampler.decisions[2]
@@ -188,3 +227,27 @@ async def test_a_silent_control_plane_leaves_its_part_of_the_sample_empty(fakes:
     assert sample.version is None
     assert sample.limits == {}
     assert sample.engine_running == 90.0
+
+
+async def test_a_sample_reads_the_waste_counters_of_the_engine_and_every_gateway(
+    fakes: Fakes,
+) -> None:
+    fakes.metrics_text[0] = ENGINE_METRICS + PREFIX_CACHE
+    async with (
+        grpc.aio.insecure_channel(fakes.target) as channel,
+        aiohttp.ClientSession() as session,
+    ):
+        sample = await _sampler(fakes, channel, session, gateways=True).sample()
+    assert (sample.engine_prefix_cache_queries, sample.engine_prefix_cache_hits) == (5000, 1200)
+    assert sample.gateway_waste_tokens == {"B": {"discarded_output": 10.0}}
+
+
+async def test_a_silent_gateway_makes_the_waste_reading_unknown(fakes: Fakes) -> None:
+    fakes.gateway_texts[1] = ""
+    async with (
+        grpc.aio.insecure_channel(fakes.target) as channel,
+        aiohttp.ClientSession() as session,
+    ):
+        sample = await _sampler(fakes, channel, session, gateways=True).sample()
+    assert sample.gateway_waste_tokens is None
+    assert sample.engine_generation_tokens == 12345.0

@@ -16,7 +16,8 @@ from slotshift.bench.stack_config import (
 from slotshift.cli import parse_overrides
 from slotshift.config import apply_overrides, parse_config
 
-SEED = load_scenario(Path(__file__).resolve().parents[3] / "bench" / "scenarios" / "seed.yaml")
+SEED_PATH = Path(__file__).resolve().parents[3] / "bench" / "scenarios" / "seed.yaml"
+SEED = load_scenario(SEED_PATH)
 PORTS = StackPorts(8000, 50051, 9100, 9101, (8080, 8081))
 
 
@@ -58,6 +59,15 @@ def test_the_tenants_slos_and_reserve_reach_the_pool() -> None:
     assert (b.ttft_slo_ms, b.e2e_slo_ms) == (None, 15000)
     assert (a.lendable_percent, b.lendable_percent) == (75, 100)
     assert a.borrowing_limit_percent is None
+    assert (a.preemptible, b.preemptible) == (False, False)
+
+
+def test_a_preemptible_tenant_is_preemptible_in_the_pool() -> None:
+    scenario = load_scenario(SEED_PATH.parent / "burst-full-share.yaml")
+    pool = parse_config(stack_config_data(scenario, scenario.run("slo"), PORTS)).pools[0]
+    assert {t.name: t.preemptible for t in pool.tenants} == {"A": False, "B": True, "C": False}
+    baseline = parse_config(stack_config_data(scenario, scenario.run("pool"), PORTS)).pools[0]
+    assert [t.preemptible for t in baseline.tenants] == [False]
 
 
 def test_the_pool_baseline_is_one_tenant_with_every_key_and_the_whole_budget() -> None:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from slotshift.bench.scenario import Scenario, parse_scenario
+from slotshift.bench.scenario import Goal, Scenario, parse_scenario
 from slotshift.bench.stats import RESULT_FIELDS
 from slotshift.bench.summary import (
     RECLAIM_FIELDS,
@@ -17,6 +17,7 @@ from slotshift.bench.summary import (
     run_summary,
     summary_document,
 )
+from slotshift.bench.waste import WASTE_FIELDS
 from tests.unit.bench.runs import run_result, sample
 from tests.unit.bench.traces import done
 
@@ -55,10 +56,12 @@ SCENARIO = _scenario()
 
 def test_a_runs_summary_has_every_field_for_the_total_and_each_tenant() -> None:
     summary = run_summary(SCENARIO, run_result(SCENARIO, "demand"))
-    assert set(summary["total"]) == set(RESULT_FIELDS) | set(STUDY_TOTAL_FIELDS)
+    assert set(summary["total"]) == (
+        set(RESULT_FIELDS) | set(STUDY_TOTAL_FIELDS) | set(WASTE_FIELDS)
+    )
     for tenant in ("A", "B"):
         assert set(summary["tenants"][tenant]) == (
-            set(RESULT_FIELDS) | set(STUDY_TENANT_FIELDS) | set(RECLAIM_FIELDS)
+            set(RESULT_FIELDS) | set(STUDY_TENANT_FIELDS) | set(RECLAIM_FIELDS) | set(WASTE_FIELDS)
         )
     assert summary["total"]["completed"] == 3
     assert summary["tenants"]["A"]["completed"] == 2
@@ -88,6 +91,59 @@ def test_the_pool_baseline_has_no_caps_per_tenant() -> None:
     assert summary["tenants"]["A"]["mean_limit_slots"] is None
     assert summary["tenants"]["A"]["moves_toward"] == 0
     assert summary["controller"]["final_caps"] == {"pool": 8}
+
+
+def _waste_samples() -> list[Any]:
+    """Samples at 2 s and 10 s (the window's ends) whose counters show waste: the engine
+    generated 40 tokens and computed 60 prompt tokens; B's gateways counted 5 + 3 of them."""
+    first, last = sample(2.0, {"A": 4, "B": 4}), sample(10.0, {"A": 4, "B": 4})
+    first.engine_generation_tokens, last.engine_generation_tokens = 100.0, 140.0
+    first.engine_prefix_cache_queries, last.engine_prefix_cache_queries = 500.0, 600.0
+    first.engine_prefix_cache_hits, last.engine_prefix_cache_hits = 100.0, 140.0
+    first.gateway_waste_tokens = {"B": {"discarded_output": 1.0}}
+    last.gateway_waste_tokens = {"B": {"discarded_output": 6.0, "recomputed_prompt": 3.0}}
+    return [sample(1.0, {"A": 4, "B": 4}), first, last]
+
+
+def test_the_waste_comes_from_the_engines_and_the_gateways_counters() -> None:
+    summary = run_summary(SCENARIO, run_result(SCENARIO, "demand", samples=_waste_samples()))
+    total, a, b = summary["total"], summary["tenants"]["A"], summary["tenants"]["B"]
+    # The default traces deliver 4 + 4 + 8 = 16 tokens and prefill 3 x 10 prompt tokens.
+    assert total["waste_discarded_output_tokens"] == 40 - 16
+    assert total["waste_recomputed_prompt_tokens"] == 60 - 30
+    assert total["waste_tokens"] == 54
+    assert total["waste_percent"] == pytest.approx(100.0 * 54 / 16)
+    assert (b["waste_tokens"], b["waste_percent"]) == (8.0, 100.0)
+    assert (a["waste_tokens"], a["waste_percent"]) == (0.0, 0.0)
+
+
+def test_without_counters_the_waste_is_null() -> None:
+    summary = run_summary(SCENARIO, run_result(SCENARIO, "demand"))
+    assert summary["total"]["waste_tokens"] is None
+    assert summary["total"]["waste_percent"] is None
+    assert summary["tenants"]["B"]["waste_tokens"] is None
+
+
+def test_the_pool_baseline_has_no_waste_per_tenant() -> None:
+    summary = run_summary(SCENARIO, run_result(SCENARIO, "pool", samples=_waste_samples()))
+    assert summary["total"]["waste_tokens"] == 54
+    assert summary["tenants"]["B"]["waste_tokens"] is None
+
+
+def test_a_goal_bounds_one_runs_waste() -> None:
+    goal = Goal(run="demand", field="waste_percent", at_most=3.0)
+    scenario = SCENARIO.model_copy(update={"goals": [goal]})
+    policies = {
+        "demand": run_summary(scenario, run_result(scenario, "demand", samples=_waste_samples()))
+    }
+    document = summary_document(scenario, policies, {})
+    (goal,) = document["goals"]
+    assert goal["value"] == pytest.approx(100.0 * 54 / 16)
+    assert goal["met"] is False
+    table = markdown_table(document)
+    assert "| waste (tokens) | 54 |" in table
+    assert "| waste (% of output) | 337.50 |" in table
+    assert "| waste B (% of its output) | 100.00 |" in table
 
 
 def test_ratio_pairs_compare_each_policy_with_earlier_ones_and_the_baselines() -> None:
