@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.core.reserves import reserves_in_force
 from controlplane.decision_log import DecisionRecord
 from controlplane.pool_state import PoolState
 from slotshift.apportion import nominal_shares
@@ -103,6 +104,13 @@ class _PoolStateCollector(Collector):
             "The tenant's nominal share of the budget (by weight).",
             labels=["pool", "tenant"],
         )
+        reserve = GaugeMetricFamily(
+            "slotshift_controlplane_tenant_reserve_slots",
+            "The tenant's reserve: the part of its nominal share lent only to preemptible "
+            "tenants (learned by the slo policy, or set by lendable_percent), as the last "
+            "decision held it.",
+            labels=["pool", "tenant"],
+        )
         demand = GaugeMetricFamily(
             "slotshift_controlplane_tenant_demand_slots",
             "The tenant's demand (in flight plus queued) summed over the gateways.",
@@ -126,10 +134,14 @@ class _PoolStateCollector(Collector):
             if age is not None:
                 telemetry_age.add_metric([name], age)
             shares = nominal_shares(state.pool)
+            # The reserves live in the policy state the last decision left: a gauge read from it
+            # moves exactly when a decision changed a reserve.
+            reserves = reserves_in_force(state.pool, state.policy_state)
             loads = state.snapshot().tenants
             for tenant in state.pool.tenants:
                 limit.add_metric([name, tenant.name], state.allocation.tenant_limits[tenant.name])
                 nominal.add_metric([name, tenant.name], shares[tenant.name])
+                reserve.add_metric([name, tenant.name], reserves[tenant.name])
                 load = loads[tenant.name]
                 demand.add_metric([name, tenant.name], load.demand_slots)
                 in_flight.add_metric([name, tenant.name], load.in_flight)
@@ -141,6 +153,7 @@ class _PoolStateCollector(Collector):
             telemetry_age,
             limit,
             nominal,
+            reserve,
             demand,
             in_flight,
             queued,

@@ -164,6 +164,37 @@ class SloPolicyConfig(_Model):
     above which the engine also counts as saturated. A request waits there briefly between its
     arrival and the next step, so a few waiting is normal and not saturation."""
 
+    learned_reserves: bool = False
+    """Size each tenant's reserve (the part of its nominal share lent only to preemptible
+    tenants, controlplane/core/reserves.py) from its own recent bursts instead of from
+    `lendable_percent`: the `reserve_percentile` of its peak concurrency (in flight plus queued)
+    in the first `reserve_burst_window_s` of each burst, over a history that decays with
+    `reserve_history_half_life_s`; at least its floor, at most `reserve_max_percent` of its
+    nominal share. Until a tenant's first burst is recorded, its `lendable_percent` reserve
+    applies."""
+
+    reserve_percentile: Annotated[float, Field(gt=0, le=100)] = 95.0
+    """Learned reserves: the percentile (in percent) of the recorded bursts' peak concurrency
+    that the reserve covers; 100 covers the largest burst of the history."""
+
+    reserve_burst_window_s: PositiveSeconds = 1.0
+    """Learned reserves: a burst's peak concurrency is taken over this long from its start (the
+    tenant's demand rising above `reserve_idle_demand_slots`): the requests that come before any
+    lent slot can return."""
+
+    reserve_idle_demand_slots: Annotated[int, Field(ge=0)] = 0
+    """Learned reserves: a tenant whose demand (in flight plus queued) is at most this many slots
+    is idle; a burst starts when its demand rises above it."""
+
+    reserve_history_half_life_s: PositiveSeconds = 600.0
+    """Learned reserves: a recorded burst counts half as much as a new one after this long, so
+    that the reserve follows a tenant whose bursts change; bursts older than ten half-lives are
+    forgotten. Choose it longer than the time between a tenant's bursts."""
+
+    reserve_max_percent: Annotated[float, Field(ge=0, le=100)] = 100.0
+    """Learned reserves: the most a learned reserve may be, in percent of the tenant's nominal
+    share (never below its floor)."""
+
 
 class AgentPolicyConfig(_Model):
     """The agent policy: an LLM behind any OpenAI-compatible chat endpoint proposes the limits;

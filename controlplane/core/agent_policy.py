@@ -4,7 +4,9 @@ The LLM is asked outside the policy (the control loop gathers its answer, with a
 `snapshot.advice`); this policy only judges the answer. An answer is used when it names exactly
 the pool's tenants with whole numbers that hold every floor and ceiling and sum to the budget.
 Otherwise (late, failed, unparseable, invalid) the rule-based fallback policy decides, and the
-decision says why (`PolicyDecision.fallback`). The fallback runs on every decision, used or not,
+decision says why (`PolicyDecision.fallback`). A used answer is made to hold the reserves
+(controlplane/core/reserves.py: the fallback's learned reserves, or the configured ones): slots
+it lends out of a reserve to a tenant that is not preemptible go back, and the reason says so. The fallback runs on every decision, used or not,
 so that its own memory (the slo policy's smoothed demand) stays current.
 """
 
@@ -14,6 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controlplane.core.policy import AllocationPolicy, PolicyDecision
+from controlplane.core.reserves import (
+    HoldsReserves,
+    describe_moves,
+    hold_reserves,
+    reserves_in_force,
+)
 from controlplane.core.snapshot import Advice, PoolSnapshot
 from controlplane.core.validation import InvalidAllocation, validate_limits
 from slotshift.config import PoolConfig
@@ -26,6 +34,13 @@ class AgentPolicyState:
     fallback_state: object | None
     fallbacks: int
     """Decisions so far that the fallback made."""
+
+    @property
+    def reserves(self) -> Mapping[str, int] | None:
+        """The fallback's learned reserves, which the agent's answers hold too
+        (reserves.HoldsReserves); None when the fallback learns none."""
+        inner = self.fallback_state
+        return inner.reserves if isinstance(inner, HoldsReserves) else None
 
 
 class AgentPolicy:
@@ -53,11 +68,12 @@ class AgentPolicy:
             )
         assert snapshot.advice is not None  # usable_limits checked it
         reason = snapshot.advice.reason.strip()[:MAX_REASON_CHARS] or "no reason given"
-        return PolicyDecision(
-            limits=limits,
-            reason=f"agent ({snapshot.advice.latency_ms:.0f} ms): {reason}",
-            state=AgentPolicyState(rule_based.state, previous.fallbacks),
-        )
+        next_state = AgentPolicyState(rule_based.state, previous.fallbacks)
+        held = hold_reserves(limits, pool, reserves_in_force(pool, next_state))
+        reason = f"agent ({snapshot.advice.latency_ms:.0f} ms): {reason}"
+        if held != limits:
+            reason = f"{reason}; reserves held: {describe_moves(limits, held)}"
+        return PolicyDecision(limits=held, reason=reason, state=next_state)
 
 
 def usable_limits(advice: Advice | None, pool: PoolConfig) -> dict[str, int]:

@@ -3,7 +3,10 @@ reserve that is never lent, and favour tenants whose latency is over their SLO.
 
 It follows Kubernetes API Priority and Fairness's borrowing (KEP-1040) where that fits:
 - each tenant has a nominal share (by weight); `lendable_percent` of it may be lent, the rest is
-  a reserve it always holds (APF's MinCL; Kueue's lendingLimit seen from the lender's side);
+  a reserve (APF's MinCL; Kueue's lendingLimit seen from the lender's side), or the reserve is
+  learned from the tenant's own bursts (`learned_reserves`, controlplane/core/learned_reserves.py);
+  a reserve is lent only to preemptible tenants, whose borrowed work is paused as soon as the
+  lender needs it back (the reserve rule, controlplane/core/reserves.py);
 - `borrowing_limit_percent` caps what it may hold above its nominal share (APF's MaxCL);
 - a tenant's demand is smoothed so that it rises at once and decays with a half-life;
 - a tenant that asks for no more than its nominal share gets what it asks at once (APF's
@@ -23,10 +26,18 @@ for the next step) no tenant's borrowing grows, since more concurrency would onl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
+from controlplane.core import learned_reserves
+from controlplane.core.learned_reserves import BurstHistory
 from controlplane.core.policy import PolicyDecision
+from controlplane.core.reserves import (
+    configured_reserve,
+    hold_reserves,
+    preemptible_tenants,
+    reserve_excess,
+)
 from controlplane.core.snapshot import Latency, PoolSnapshot, TenantLoad
 from slotshift.apportion import Claim, apportion, nominal_shares
 from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
@@ -38,6 +49,11 @@ class SloPolicyState:
 
     smoothed_demand: Mapping[str, float]
     now_s: float
+    bursts: Mapping[str, BurstHistory] = field(default_factory=dict)
+    """Per tenant, the bursts its learned reserve is made from (empty unless learned_reserves)."""
+    reserves: Mapping[str, int] | None = None
+    """The learned reserves this decision held (reserves.HoldsReserves); None when reserves are
+    not learned, and the configured ones apply."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +67,11 @@ class SloPolicy:
     """See the module docstring. Pure: a function of (snapshot, pool, previous state).
 
     Contract (besides AllocationPolicy's): every tenant holds at least
-    max(floor, reserve, min(nominal, demand)) and at most min(ceiling, nominal + borrowing limit),
-    where demand is what it runs plus what waits; those lower bounds never sum above the budget
-    because each is at most the tenant's nominal share.
+    max(floor, min(nominal, demand)) and at most min(ceiling, nominal + borrowing limit), where
+    demand is what it runs plus what waits; those lower bounds never sum above the budget because
+    each is at most the tenant's nominal share. The limits obey the reserve rule
+    (controlplane/core/reserves.py) for the reserves the decision's state names; with no
+    preemptible tenant that means every tenant also holds at least its reserve.
     """
 
     name = "slo"
@@ -65,15 +83,26 @@ class SloPolicy:
         settings = pool.slo_policy
         previous = state if isinstance(state, SloPolicyState) else None
         nominal = nominal_shares(pool)
-        bounds = {t.name: _bounds(pool, t, nominal[t.name]) for t in pool.tenants}
         loads = {t.name: snapshot.tenants.get(t.name, TenantLoad()) for t in pool.tenants}
+        bursts, learned = _learn_reserves(pool, loads, previous, snapshot.now_s, nominal)
+        bounds = {t.name: _bounds(pool, t, nominal[t.name], learned) for t in pool.tenants}
+        reserves = {name: b.reserve for name, b in bounds.items()}
         smoothed = _smooth(loads, previous, snapshot.now_s, settings.demand_half_life_s)
-        next_state = SloPolicyState(smoothed_demand=smoothed, now_s=snapshot.now_s)
+        next_state = SloPolicyState(
+            smoothed_demand=smoothed, now_s=snapshot.now_s, bursts=bursts, reserves=learned
+        )
+        new_reserves = (
+            learned_reserves.changed(previous.reserves if previous else None, learned)
+            if learned is not None
+            else {}
+        )
         if not any(smoothed.values()):
-            return PolicyDecision(nominal, "no demand: nominal shares", next_state)
+            reason = _with_reserves("no demand: nominal shares", new_reserves)
+            return PolicyDecision(nominal, reason, next_state)
 
+        preemptible = preemptible_tenants(pool)
         owed = {
-            t.name: max(bounds[t.name].reserve, min(nominal[t.name], loads[t.name].demand_slots))
+            t.name: _owed(t, nominal[t.name], bounds[t.name], loads[t.name], preemptible)
             for t in pool.tenants
         }
         pressure = {
@@ -99,16 +128,88 @@ class SloPolicy:
         limits = dict(
             zip((t.name for t in pool.tenants), apportion(pool.budget_slots, claims), strict=True)
         )
+        if preemptible:
+            limits = _lend_reserves_to_preemptible(limits, claims, pool, reserves)
         current_limits = dict(snapshot.current_limits)
-        if _within_hysteresis(limits, current_limits, owed, upper, settings.hysteresis_slots, pool):
+        if _within_hysteresis(
+            limits, current_limits, owed, upper, settings.hysteresis_slots, pool, reserves
+        ):
             limits = current_limits
-        reason = _reason(loads, limits, owed, pressure, saturated, pool)
-        return PolicyDecision(limits, reason, next_state)
+        reason = _reason(loads, limits, owed, pressure, saturated, pool, reserves)
+        return PolicyDecision(limits, _with_reserves(reason, new_reserves), next_state)
 
 
-def _bounds(pool: PoolConfig, tenant: TenantConfig, nominal: int) -> _Bounds:
-    lendable = round(nominal * tenant.lendable_percent / 100)
-    reserve = max(tenant.floor_slots, nominal - lendable)
+def _learn_reserves(
+    pool: PoolConfig,
+    loads: Mapping[str, TenantLoad],
+    previous: SloPolicyState | None,
+    now_s: float,
+    nominal: Mapping[str, int],
+) -> tuple[dict[str, BurstHistory], dict[str, int] | None]:
+    """Each tenant's burst history after this snapshot, and its learned reserve; ({}, None) when
+    reserves are not learned."""
+    settings = pool.slo_policy
+    if not settings.learned_reserves:
+        return {}, None
+    bursts: dict[str, BurstHistory] = {}
+    reserves: dict[str, int] = {}
+    for tenant in pool.tenants:
+        name = tenant.name
+        before = previous.bursts.get(name) if previous is not None else None
+        history = learned_reserves.observe(before, loads[name].demand_slots, now_s, settings)
+        bursts[name] = history
+        reserves[name] = learned_reserves.learned_reserve(
+            history,
+            now_s,
+            settings,
+            floor_slots=tenant.floor_slots,
+            nominal_slots=nominal[name],
+            configured_slots=configured_reserve(tenant, nominal[name]),
+        )
+    return bursts, reserves
+
+
+def _owed(
+    tenant: TenantConfig,
+    nominal: int,
+    bounds: _Bounds,
+    load: TenantLoad,
+    preemptible: frozenset[str],
+) -> int:
+    """What the tenant gets at once: what it asks up to its nominal share, and its reserve unless
+    a preemptible tenant may borrow that (its borrowed work is paused as soon as the tenant asks,
+    so lending the reserve to it is safe; the reserve rule keeps other borrowers off it)."""
+    asked = max(tenant.floor_slots, min(nominal, load.demand_slots))
+    if preemptible - {tenant.name}:
+        return asked
+    return max(bounds.reserve, asked)
+
+
+def _lend_reserves_to_preemptible(
+    limits: dict[str, int],
+    claims: Sequence[Claim],
+    pool: PoolConfig,
+    reserves: Mapping[str, int],
+) -> dict[str, int]:
+    """`limits` made to obey the reserve rule, the slots that non-preemptible borrowers give back
+    divided again among the other tenants (so that they go to a preemptible borrower with demand
+    rather than sit idle in a lender's reserve), the rule applied once more."""
+    held = hold_reserves(limits, pool, reserves)
+    if held == limits:
+        return limits
+    names = [t.name for t in pool.tenants]
+    again = [
+        Claim(held[name], held[name], 0.0) if held[name] < limits[name] else claim
+        for name, claim in zip(names, claims, strict=True)
+    ]
+    shared = dict(zip(names, apportion(pool.budget_slots, again), strict=True))
+    return hold_reserves(shared, pool, reserves)
+
+
+def _bounds(
+    pool: PoolConfig, tenant: TenantConfig, nominal: int, learned: Mapping[str, int] | None
+) -> _Bounds:
+    reserve = configured_reserve(tenant, nominal) if learned is None else learned[tenant.name]
     ceiling = pool.ceiling_of(tenant)
     if tenant.borrowing_limit_percent is None:
         upper = ceiling
@@ -170,11 +271,15 @@ def _within_hysteresis(
     upper: Mapping[str, int],
     hysteresis_slots: int,
     pool: PoolConfig,
+    reserves: Mapping[str, int],
 ) -> bool:
-    """Whether the current limits are close enough to keep: valid, owing nobody, all near."""
+    """Whether the current limits are close enough to keep: valid, owing nobody, holding the
+    reserves, all near."""
     if set(current) != set(limits) or sum(current.values()) != pool.budget_slots:
         return False
     if any(not owed[name] <= current[name] <= upper[name] for name in limits):
+        return False
+    if reserve_excess(current, pool, reserves) > 0:
         return False
     return all(abs(limits[name] - current[name]) <= hysteresis_slots for name in limits)
 
@@ -186,8 +291,10 @@ def _reason(
     pressure: Mapping[str, float],
     saturated: bool,
     pool: PoolConfig,
+    reserves: Mapping[str, int],
 ) -> str:
-    """The reward's terms in words: served demand, SLO overshoot, saturation."""
+    """The reward's terms in words: served demand, SLO overshoot, saturation; and the reserve
+    slots lent to preemptible tenants, if any."""
     served = sum(min(limits[n], load.demand_slots) for n, load in loads.items())
     demand = sum(load.demand_slots for load in loads.values())
     over = [f"{n} x{p:.2f}" for n, p in pressure.items() if p > 1.0]
@@ -198,4 +305,15 @@ def _reason(
     ]
     if saturated:
         parts.append("engine saturated: borrowing held")
+    lent = sum(max(0, reserves[name] - limits[name]) for name in limits)
+    if lent:
+        parts.append(f"{lent} reserve slots lent to preemptible tenants")
     return "; ".join(parts)
+
+
+def _with_reserves(reason: str, new_reserves: Mapping[str, int]) -> str:
+    """The reason, with the learned reserves that changed in this decision (only those)."""
+    if not new_reserves:
+        return reason
+    described = ", ".join(f"{name}={value}" for name, value in new_reserves.items())
+    return f"{reason}; learned reserves {described}"

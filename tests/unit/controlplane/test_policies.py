@@ -10,12 +10,15 @@ from hypothesis import strategies as st
 
 from controlplane.core.demand_policy import DemandPolicy
 from controlplane.core.policies import POLICY_FACTORIES, make_policy
+from controlplane.core.reserves import hold_reserves, reserve_excess, reserves_in_force
 from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
 from controlplane.core.validation import InvalidAllocation, validate_limits
 from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
 
 
-def _pool(rng: random.Random) -> PoolConfig:
+def _pool(rng: random.Random, *, reserves: bool = False) -> PoolConfig:
+    """A random pool. reserves: also random preemptible tenants and learned-reserve settings
+    (drawn after everything else, so that the pools drawn without them stay the same)."""
     count = rng.randint(1, 6)
     budget = rng.randint(count, 300)
     tenants = []
@@ -45,6 +48,26 @@ def _pool(rng: random.Random) -> PoolConfig:
         max_borrow_step_slots=rng.randint(1, 50),
         slo_boost=rng.uniform(0, 5),
     )
+    if reserves:
+        tenants = [
+            t.model_copy(
+                update={
+                    "preemptible": rng.random() < 0.4,
+                    "lendable_percent": rng.choice([100.0, rng.uniform(0, 100)]),
+                }
+            )
+            for t in tenants
+        ]
+        slo_policy = slo_policy.model_copy(
+            update={
+                "learned_reserves": rng.random() < 0.5,
+                "reserve_percentile": rng.uniform(50, 100),
+                "reserve_burst_window_s": rng.uniform(0.5, 5),
+                "reserve_idle_demand_slots": rng.randint(0, 3),
+                "reserve_history_half_life_s": rng.uniform(1, 100),
+                "reserve_max_percent": rng.uniform(0, 100),
+            }
+        )
     return PoolConfig(name="p", budget_slots=budget, tenants=tenants, slo_policy=slo_policy)
 
 
@@ -99,6 +122,28 @@ def test_policy_contract_on_random_sequences_of_snapshots(name: str) -> None:
             assert again.limits == decision.limits, "a policy must be a function of its arguments"
             state = decision.state
             current = dict(decision.limits)
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_FACTORIES))
+def test_every_policy_holds_the_reserves_once_the_loop_has_held_them(name: str) -> None:
+    """The decision loop applies hold_reserves to every decision; the slo policy needs no help."""
+    rng = random.Random(f"reserves-{name}")
+    for _ in range(200):
+        pool = _pool(rng, reserves=True)
+        policy = make_policy(name)
+        state: object | None = None
+        current: dict[str, int] = {}
+        for step in range(10):
+            snapshot = _snapshot(rng, pool, now_s=step * pool.decision_period_s, current=current)
+            decision = policy.decide(snapshot, pool, state)
+            reserves = reserves_in_force(pool, decision.state)
+            held = hold_reserves(decision.limits, pool, reserves)
+            validate_limits(held, pool, reserves=reserves)
+            if name == "slo":
+                assert reserve_excess(decision.limits, pool, reserves) <= 0, "slo holds them"
+                assert held == dict(decision.limits)
+            state = decision.state
+            current = held
 
 
 @settings(max_examples=300, deadline=None)

@@ -189,3 +189,125 @@ def test_owed_shares_hold_on_random_cases() -> None:
                     nominal[tenant.name] * tenant.borrowing_limit_percent / 100
                 )
                 assert limits[tenant.name] <= max(cap, nominal[tenant.name])
+
+
+def _three(**slo: object) -> PoolConfig:
+    """A lends (reserve 24 of its 48), B is preemptible, C is not; 48 each nominal."""
+    return PoolConfig(
+        name="p",
+        budget_slots=144,
+        policy="slo",
+        tenants=[
+            TenantConfig(name="A", floor_slots=4, lendable_percent=50),
+            TenantConfig(name="B", floor_slots=4, preemptible=True),
+            TenantConfig(name="C", floor_slots=4),
+        ],
+        slo_policy=SloPolicyConfig(max_borrow_step_slots=96, hysteresis_slots=0, **slo),
+    )
+
+
+def test_a_reserve_is_lent_to_a_preemptible_borrower() -> None:
+    pool = _pool(lendable_percent=50)
+    lender, borrower = pool.tenants
+    pool = pool.model_copy(
+        update={"tenants": [lender, borrower.model_copy(update={"preemptible": True})]}
+    )
+    snapshot = PoolSnapshot(
+        now_s=0.0,
+        tenants={"B": TenantLoad(in_flight=48, queued=200)},
+        current_limits={"A": 48, "B": 48},
+    )
+    decision = SloPolicy().decide(snapshot, pool, None)
+    assert dict(decision.limits) == {"A": 4, "B": 92}
+    assert "20 reserve slots lent to preemptible tenants" in decision.reason
+
+
+def test_a_non_preemptible_borrower_gets_only_the_lendable_parts_and_the_rest_goes_on() -> None:
+    """C (non-preemptible) may hold above its share only A's lendable 24; what fairness would
+    have given C beyond that goes to B (preemptible, with demand), not back into A's idle
+    reserve."""
+    loads = {"B": TenantLoad(in_flight=48, queued=12), "C": TenantLoad(in_flight=48, queued=552)}
+    limits, _ = _decide(_three(), loads, {"A": 48, "B": 48, "C": 48})
+    assert limits == {"A": 4, "B": 68, "C": 72}
+
+
+def test_with_no_preemptible_borrower_the_reserve_holds_whatever_the_weights() -> None:
+    pool = _three()
+    pool = pool.model_copy(
+        update={"tenants": [t.model_copy(update={"preemptible": False}) for t in pool.tenants]}
+    )
+    loads = {"B": TenantLoad(in_flight=48, queued=12), "C": TenantLoad(in_flight=48, queued=552)}
+    limits, _ = _decide(pool, loads, {"A": 48, "B": 48, "C": 48})
+    assert limits["A"] == 24
+
+
+def _learning(**settings: object) -> PoolConfig:
+    return _pool().model_copy(
+        update={
+            "slo_policy": SloPolicyConfig(
+                max_borrow_step_slots=96,
+                hysteresis_slots=0,
+                learned_reserves=True,
+                reserve_percentile=100,
+                reserve_burst_window_s=1.0,
+                **settings,
+            )
+        }
+    )
+
+
+def test_a_learned_reserve_is_a_bursts_peak_in_its_first_window() -> None:
+    pool = _learning()
+    batch = TenantLoad(in_flight=48, queued=200)
+    steps = [
+        (0.0, 0),  # A idle: its reserve is its lendable_percent one (its floor, 4)
+        (2.0, 6),  # a burst starts
+        (2.5, 10),  # its peak within the first second
+        (3.5, 40),  # outside the window: the burst is recorded with its peak, 10
+        (5.0, 0),
+    ]
+    state: object | None = None
+    current = {"A": 48, "B": 48}
+    reasons = []
+    for now_s, a_demand in steps:
+        loads = {"A": TenantLoad(in_flight=a_demand), "B": batch}
+        snapshot = PoolSnapshot(now_s=now_s, tenants=loads, current_limits=current)
+        decision = SloPolicy().decide(snapshot, pool, state)
+        state, current = decision.state, dict(decision.limits)
+        reasons.append(decision.reason)
+        assert isinstance(state, SloPolicyState)
+        assert state.reserves is not None
+    assert isinstance(state, SloPolicyState)
+    assert state.reserves == {"A": 10, "B": 4}
+    assert current == {"A": 10, "B": 86}, "A idles again and keeps its learned reserve"
+    assert reasons[0].endswith("; learned reserves A=4, B=4"), "the first decision names all"
+    assert [r.count("learned reserves") for r in reasons[1:]] == [0, 0, 1, 0]
+    assert reasons[3].endswith("; learned reserves A=10"), "only the reserve that changed"
+
+
+@pytest.mark.parametrize(
+    ("settings", "peak", "reserve"),
+    [
+        pytest.param({}, 10, 10, id="the peak"),
+        pytest.param({"reserve_max_percent": 10}, 10, 5, id="at most 10% of 48, rounded"),
+        pytest.param({"reserve_max_percent": 0}, 10, 4, id="never below the floor"),
+        pytest.param({}, 1, 4, id="a small burst: the floor"),
+    ],
+)
+def test_a_learned_reserve_is_bounded(settings: dict[str, object], peak: int, reserve: int) -> None:
+    pool = _learning(**settings)
+    state: object | None = None
+    for now_s, a_demand in [(0.0, 0), (1.0, peak), (3.0, 0)]:
+        loads = {"A": TenantLoad(queued=a_demand)}
+        snapshot = PoolSnapshot(now_s=now_s, tenants=loads, current_limits={})
+        state = SloPolicy().decide(snapshot, pool, state).state
+    assert isinstance(state, SloPolicyState)
+    assert state.reserves is not None
+    assert state.reserves["A"] == reserve
+
+
+def test_without_learned_reserves_the_state_names_none() -> None:
+    _, state = _decide(_pool(lendable_percent=50), {"A": TenantLoad(in_flight=3)}, {})
+    assert isinstance(state, SloPolicyState)
+    assert state.reserves is None
+    assert state.bursts == {}
