@@ -9,16 +9,22 @@ from typing import Any
 
 import pytest
 
+from slotshift.apportion import nominal_shares
+from slotshift.bench.arrivals import on_windows
 from slotshift.bench.scenario import (
     ClosedLoopArrival,
     OnOffArrival,
+    Scenario,
     ScenarioError,
     TokenRange,
     load_scenario,
     parse_scenario,
 )
+from slotshift.bench.stack_config import StackPorts, stack_config_data
+from slotshift.config import parse_config
 
 SEED = Path(__file__).resolve().parents[3] / "bench" / "scenarios" / "seed.yaml"
+PORTS = StackPorts(8000, 50051, 9100, 9101, (8080, 8081))
 
 
 def test_the_seed_scenario_is_the_studys_setup() -> None:
@@ -88,6 +94,79 @@ def test_a_minimal_scenario() -> None:
     ]
     assert scenario.tenant("A").prompt_tokens == TokenRange(min_tokens=4, max_tokens=8)
     assert scenario.gateways == 2
+
+
+def test_a_tenant_is_not_preemptible_unless_it_says_so() -> None:
+    data = _minimal()
+    data["tenants"][1]["preemptible"] = True
+    data["goals"] = [{"run": "fast", "field": "waste_percent", "at_most": 3}]
+    scenario = parse_scenario(data)
+    assert (scenario.tenant("A").preemptible, scenario.tenant("B").preemptible) == (False, True)
+    assert scenario.goals[0].runs == ("fast",)
+
+
+ISSUE_12 = ("burst-full-share", "idle-then-storm", "unequal-weights")
+"""The scenarios of issue 12's failing kinds."""
+
+
+@pytest.mark.parametrize("name", ISSUE_12)
+def test_issue_12s_scenarios_share_its_setup(name: str) -> None:
+    scenario = load_scenario(SEED.parent / f"{name}.yaml")
+    assert scenario.budget_slots == 96
+    assert [r.name for r in scenario.policies] == ["static", "demand", "slo", "pool"]
+    b = scenario.tenant("B")
+    assert isinstance(b.arrival, ClosedLoopArrival)
+    assert b.arrival.outstanding > scenario.budget_slots
+    assert b.output_tokens == TokenRange(min_tokens=448, max_tokens=576)
+    assert b.preemptible
+    lenders = [t for t in scenario.tenants if isinstance(t.arrival, OnOffArrival)]
+    assert lenders
+    for lender in lenders:
+        assert lender.slo.ttft_ms == 1000
+        assert lender.lendable_percent == 100  # no reserve configured
+        assert not lender.preemptible
+        goals = {(g.label, g.field) for g in scenario.goals if g.tenant == lender.name}
+        assert goals >= {
+            ("slo", "reclaim_median_s"),
+            ("slo", "reclaim_p90_s"),
+            ("slo/static", "request_goodput"),
+        }
+    totals = {(g.label, g.field) for g in scenario.goals if g.tenant is None}
+    assert totals == {("slo/static", "output_throughput"), ("slo", "waste_percent")}
+
+
+def _shares(scenario: Scenario) -> dict[str, int]:
+    return nominal_shares(
+        parse_config(stack_config_data(scenario, scenario.policies[0], PORTS)).pools[0]
+    )
+
+
+def test_burst_full_share_bursts_at_the_lenders_whole_share() -> None:
+    scenario = load_scenario(SEED.parent / "burst-full-share.yaml")
+    a = scenario.tenant("A")
+    assert isinstance(a.arrival, OnOffArrival)
+    assert a.arrival.concurrency == _shares(scenario)["A"]
+    assert a.arrival.off_s > a.arrival.on_s
+    assert max(t.weight for t in scenario.tenants) > a.weight  # a third, heavier tenant
+    assert len(scenario.tenants) == 3
+
+
+def test_idle_then_storm_storms_at_several_times_the_share_after_a_long_idle() -> None:
+    scenario = load_scenario(SEED.parent / "idle-then-storm.yaml")
+    a = scenario.tenant("A")
+    assert isinstance(a.arrival, OnOffArrival)
+    assert a.arrival.concurrency is not None
+    assert a.arrival.concurrency >= 3 * _shares(scenario)["A"]
+    assert a.arrival.off_s >= 45.0
+    starts = on_windows(a.arrival, scenario.warmup_s + scenario.steady_s)
+    assert sum(1 for start, _ in starts if start >= scenario.warmup_s) >= 2
+
+
+def test_unequal_weights_has_three_different_weights() -> None:
+    scenario = load_scenario(SEED.parent / "unequal-weights.yaml")
+    assert len({t.weight for t in scenario.tenants}) == 3
+    shares = _shares(scenario)
+    assert shares["B"] == min(shares.values())  # the borrower has the smallest share
 
 
 def _broken(path: str, value: Any) -> dict[str, Any]:
@@ -178,6 +257,16 @@ def _broken(path: str, value: Any) -> dict[str, Any]:
         ),
         pytest.param(
             _broken("tenants.0.lendable_percent", 120), "lendable_percent", id="lend over 100%"
+        ),
+        pytest.param(
+            _broken("goals", [{"ratio": "fast/static", "field": "waste_percent", "at_most": 3}]),
+            "bounded within one run: use run",
+            id="waste as a ratio",
+        ),
+        pytest.param(
+            _broken("tenants.0.preemptible", "sometimes"),
+            "preemptible",
+            id="preemptible not a bool",
         ),
     ],
 )
