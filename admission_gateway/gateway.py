@@ -31,6 +31,7 @@ from admission_gateway.errors import openai_errors
 from admission_gateway.gateway_state import GatewayState
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.proxy import OpenAIProxy
+from admission_gateway.upstream import open_session
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import ConfigError, SlotshiftConfig
@@ -123,14 +124,9 @@ class AdmissionGateway:
     async def start(self) -> None:
         """Bind the HTTP server, open the upstream session and start the control stream."""
         ssl_context, security, engine_ssl = await asyncio.to_thread(self._load_tls)
-        self._session = aiohttp.ClientSession(
-            # The admission limits are the concurrency limit; aiohttp's default cap of 100
-            # connections would silently queue requests the gateway has already admitted.
-            connector=aiohttp.TCPConnector(limit=0, ssl=engine_ssl),
-            # Bodies pass through as the engine encoded them, and only the client's own headers
-            # (not aiohttp's defaults) reach the engine.
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        self._session = open_session(
+            engine_ssl=engine_ssl,
+            keepalive_timeout_s=self._settings.upstream_keepalive_timeout_s,
         )
         self._proxy = OpenAIProxy(
             state=self.state,

@@ -48,6 +48,7 @@ from admission_gateway.errors import OpenAIError
 from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import GatewayState, TenantState
 from admission_gateway.metrics import GatewayMetrics
+from admission_gateway.upstream import send as send_upstream
 from slotshift.clock import Clock
 from slotshift.trace_context import inject_into, parent_from
 
@@ -332,12 +333,13 @@ class OpenAIProxy:
         # own traceparent, if any, is this span's ancestor.
         inject_into(headers, span)
         try:
-            upstream = await self._session.request(
+            upstream = await send_upstream(
+                self._session,
                 request.method,
                 url,
                 data=body,
                 headers=headers,
-                timeout=self._upstream_timeout,
+                client_timeout=self._upstream_timeout,
             )
         except TimeoutError:
             raise _upstream_timeout() from None

@@ -386,6 +386,12 @@ class GatewayConfig(_Model):
     upstream_timeout_s: PositiveSeconds = 600.0
     """Longest an upstream request may take, from admission to its last byte."""
 
+    upstream_keepalive_timeout_s: PositiveSeconds = 4.0
+    """Seconds an idle connection to the engine stays in the gateway's pool for reuse. Keep it
+    below the engine's own idle timeout (vLLM's `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s by default):
+    a connection the engine closes while the gateway reuses it fails the request on it (the
+    gateway then retries it once, see admission_gateway/upstream.py)."""
+
     max_body_bytes: Annotated[int, Field(ge=1024)] = 4 * 1024 * 1024
     """Largest request body accepted."""
 

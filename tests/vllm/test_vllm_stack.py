@@ -407,6 +407,57 @@ def test_slots_come_back_when_clients_disconnect_mid_stream(vllm_stack: VllmStac
     assert aborted == aborted_before
 
 
+VLLM_KEEP_ALIVE_S = 5.0
+"""vLLM closes a connection idle this long (VLLM_HTTP_TIMEOUT_KEEP_ALIVE's default)."""
+
+
+def test_requests_after_the_engines_keep_alive_ran_out_all_succeed(vllm_stack: VllmStack) -> None:
+    # The keep-alive race (issue #12): a gateway that reuses a pooled connection vLLM is closing
+    # at that moment used to fail the request with 502 upstream_unavailable.
+    clients = [_client(vllm_stack, "demo-key-a", g) for g in range(len(vllm_stack.gateway_urls))]
+    per_gateway = NOMINAL_SLOTS // 2
+    failures: list[str] = []
+    lock = threading.Lock()
+
+    def burst() -> None:
+        """per_gateway requests at once through each gateway: each gateway pools that many
+        connections to vLLM, or reuses them."""
+        start = threading.Barrier(per_gateway * len(clients))
+
+        def one(client: openai.OpenAI) -> None:
+            start.wait()
+            try:
+                completion = client.completions.create(
+                    model=MODEL, prompt="idle", max_tokens=4, extra_body={"ignore_eos": True}
+                )
+            except openai.APIError as exc:
+                with lock:
+                    failures.append(repr(exc))
+                return
+            if completion.usage is None or completion.usage.completion_tokens != 4:
+                with lock:
+                    failures.append(f"usage {completion.usage}")
+
+        threads = [
+            threading.Thread(target=one, args=(client,), name="keep-alive")
+            for client in clients
+            for _ in range(per_gateway)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in threads)
+
+    burst()
+    # Deliberate idle waits: the connections' idle time is the condition under test. First just
+    # at vLLM's keep-alive, where its close and the gateway's reuse can cross, then past it.
+    for idle_s in (VLLM_KEEP_ALIVE_S, VLLM_KEEP_ALIVE_S + 1.0):
+        time.sleep(idle_s)
+        burst()
+    assert failures == []
+
+
 # --- telemetry -------------------------------------------------------------------------------
 
 

@@ -1,0 +1,151 @@
+"""The gateway's connections to the engine: one pooled session, and a send that survives the
+keep-alive race.
+
+An HTTP server may close a keep-alive connection that has been idle for a while (vLLM's uvicorn
+after `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s). If the gateway picks that connection from its pool
+while the server's close is still on its way, the request meets a closed socket: a reset on
+write or a disconnect before any byte of a response. The engine never read it, so failing it
+would fail a request for nothing. Two defences:
+
+- the pool forgets idle connections sooner than the engine closes them
+  (`gateway.upstream_keepalive_timeout_s`), which closes the race in the common case;
+- `send` retries once a request whose *reused* pooled connection failed that way. Nothing else
+  is retried (RFC 9112, 9.3.1: a request that may have been processed is not repeated): not a
+  request that got any part of a response, not one on a fresh connection (the engine may have
+  read it before it fell over), not a timeout.
+
+Which connection a request got is read from aiohttp's tracing signals (a pooled one fires
+`on_connection_reuseconn`, a new one `on_connection_create_end`), so `send` needs a session made
+by `open_session`; on any other session it never retries.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Attempt:
+    """What one `session.request` call did, filled in by the tracing signals."""
+
+    reused: list[bool] = field(default_factory=list)
+    """One entry per connection the call took, True where it came from the pool; empty on a
+    session without our tracing. aiohttp itself retries an idempotent method once, on a second
+    connection."""
+
+
+def open_session(
+    *, engine_ssl: ssl.SSLContext | bool, keepalive_timeout_s: float
+) -> aiohttp.ClientSession:
+    """A session for proxying to the engine whose idle pooled connections are dropped after
+    `keepalive_timeout_s` (keep it below the engine's own keep-alive timeout), with the tracing
+    that `send` needs. `engine_ssl`: how to check an https engine (True: the system's roots). The caller
+    closes it."""
+    if keepalive_timeout_s <= 0:
+        raise ValueError(f"keepalive_timeout_s must be positive, not {keepalive_timeout_s}")
+    tracing = aiohttp.TraceConfig()
+    tracing.on_connection_reuseconn.append(_on_connection_reused)
+    tracing.on_connection_create_end.append(_on_connection_created)
+    return aiohttp.ClientSession(
+        # The admission limits are the concurrency limit; aiohttp's default cap of 100
+        # connections would silently queue requests the gateway has already admitted.
+        connector=aiohttp.TCPConnector(
+            limit=0, ssl=engine_ssl, keepalive_timeout=keepalive_timeout_s
+        ),
+        # Bodies pass through as the engine encoded them, and only the client's own headers
+        # (not aiohttp's defaults) reach the engine.
+        auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        trace_configs=[tracing],
+    )
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    method: str,
+    url: str,
+    *,
+    data: bytes | None,
+    headers: Mapping[str, str],
+    client_timeout: aiohttp.ClientTimeout,
+) -> aiohttp.ClientResponse:
+    """`session.request(method, url, ...)`, repeated once when the first try went out on a reused
+    pooled connection that failed on write or closed before any byte of a response (the engine
+    never received the request). Returns the response once its status and headers have arrived;
+    the caller reads, releases or closes it. Raises what `session.request` raises: TimeoutError
+    on a timeout (never retried), aiohttp.ClientError on any other failure, of the retry where
+    there was one."""
+    first = _Attempt()
+    try:
+        return await session.request(
+            method, url, data=data, headers=headers, timeout=client_timeout, trace_request_ctx=first
+        )
+    except aiohttp.ClientError as exc:
+        if not _never_received(exc, first):
+            raise
+        logger.info(
+            "retrying %s %s: its pooled connection to the engine was closed before any response"
+            " (%r)",
+            method,
+            url,
+            exc,
+        )
+    return await session.request(
+        method,
+        url,
+        data=data,
+        headers=headers,
+        timeout=client_timeout,
+        trace_request_ctx=_Attempt(),
+    )
+
+
+def _never_received(exc: aiohttp.ClientError, attempt: _Attempt) -> bool:
+    """Whether `exc` shows a stale pooled connection: the engine did not get the request."""
+    if isinstance(exc, TimeoutError):
+        # The engine may be working on it.
+        return False
+    if attempt.reused != [True]:
+        # A fresh connection (the engine may have read the request before it failed), or
+        # aiohttp already spent the one retry on an idempotent request, or we cannot tell.
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        # aiohttp puts the response message it had parsed (status line, headers) in place of
+        # the text when a response had begun.
+        return isinstance(exc.message, str)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        # Never raised for a pooled connection; listed so that a change in aiohttp fails safe.
+        return False
+    # A reset on write or read, or a write to a transport that was already closing.
+    return isinstance(exc, aiohttp.ClientOSError | aiohttp.ClientConnectionResetError)
+
+
+def _attempt_of(context: SimpleNamespace) -> _Attempt | None:
+    attempt = context.trace_request_ctx
+    return attempt if isinstance(attempt, _Attempt) else None
+
+
+async def _on_connection_reused(
+    session: aiohttp.ClientSession,
+    context: SimpleNamespace,
+    params: aiohttp.TraceConnectionReuseconnParams,
+) -> None:
+    if (attempt := _attempt_of(context)) is not None:
+        attempt.reused.append(True)
+
+
+async def _on_connection_created(
+    session: aiohttp.ClientSession,
+    context: SimpleNamespace,
+    params: aiohttp.TraceConnectionCreateEndParams,
+) -> None:
+    if (attempt := _attempt_of(context)) is not None:
+        attempt.reused.append(False)

@@ -1,0 +1,365 @@
+"""The connections to the engine: a request the engine never received is sent again, once; one it
+may have received never is; idle pooled connections are dropped before the engine drops them.
+
+The engine here is a raw asyncio server, so that what it does to a connection is exact: it
+answers a number of requests on each connection with keep-alive, then does one of the things a
+real server does to the next request on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from pydantic import ValidationError
+
+from admission_gateway.upstream import open_session, send
+from slotshift.config import GatewayConfig
+from tests.unit.admission_gateway.conftest import StartGateway, auth
+
+COMPLETION = {"model": "fake", "user": "A", "prompt": "Hi"}
+ANSWER = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": []}).encode()
+TIMEOUT = aiohttp.ClientTimeout(total=10)
+
+Then = Literal["fin", "rst", "status_line", "headers", "stream_headers", "hang"]
+"""What the server does to a request beyond `answered_per_connection` on a connection:
+- fin, rst: close the connection as the request comes in, before reading it (the keep-alive race
+  seen from the client: an idle close that crossed the request), with a FIN or a reset;
+- status_line, headers, stream_headers: read it, begin a response (a status line; the headers
+  and part of a JSON body; the headers of an event stream) and drop the connection;
+- hang: read it and never answer."""
+
+
+@dataclass
+class Engine:
+    """Counts connections and the requests it read; `received` holds their bodies."""
+
+    answered_per_connection: int = 1
+    then: Then = "fin"
+    answer_together: int = 1
+    """Answers wait until this many requests are in (so that clients open that many connections)."""
+    connections: int = 0
+    received: list[bytes] = field(default_factory=list)
+    port: int = 0
+    _server: asyncio.Server | None = None
+    _together: asyncio.Event = field(default_factory=asyncio.Event)
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _writers: list[asyncio.StreamWriter] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        self._stopping.set()
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self._writers.append(writer)
+        try:
+            for _ in range(self.answered_per_connection):
+                if not await self._read_request(reader):
+                    return
+                if len(self.received) >= self.answer_together:
+                    self._together.set()
+                await self._together.wait()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\nConnection: keep-alive\r\n\r\n%s"
+                    % (len(ANSWER), ANSWER)
+                )
+                await writer.drain()
+            await self._misbehave(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _misbehave(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.then in ("fin", "rst"):
+            # Waiting for the request's first bytes (and not counting them) puts the close
+            # exactly where the race puts it: after the client took the connection from its pool.
+            if not await reader.read(1):
+                return
+            if self.then == "rst":
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                writer.transport.abort()
+            return
+        if not await self._read_request(reader):
+            return
+        if self.then == "hang":
+            await self._stopping.wait()
+            return
+        writer.write(
+            {
+                "status_line": b"HTTP/1.1 200 OK\r\n",
+                "headers": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"id',
+                "stream_headers": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n",
+            }[self.then]
+        )
+        await writer.drain()
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> bool:
+        """Read one request; False when the client closed the connection instead."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return False
+        length = 0
+        for line in head.split(b"\r\n"):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        self.received.append(await reader.readexactly(length))
+        return True
+
+
+@pytest_asyncio.fixture
+async def start_engine() -> AsyncIterator[Callable[..., Any]]:
+    started: list[Engine] = []
+
+    async def start(**settings: Any) -> Engine:
+        engine = Engine(**settings)
+        await engine.start()
+        started.append(engine)
+        return engine
+
+    yield start
+    for engine in started:
+        await engine.stop()
+
+
+async def complete(
+    http: aiohttp.ClientSession, url: str, prompt: str, *, stream: bool = False
+) -> tuple[int, bytes]:
+    body = {**COMPLETION, "prompt": prompt, "stream": stream}
+    async with http.post(url + "/v1/completions", json=body, headers=auth("A")) as response:
+        return response.status, await response.read()
+
+
+def prompts(engine: Engine) -> list[str]:
+    return [json.loads(body)["prompt"] for body in engine.received]
+
+
+# --- through the gateway --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("then", ["fin", "rst"])
+async def test_a_request_on_a_pooled_connection_closed_under_it_is_sent_again_once(
+    start_engine: Callable[..., Any],
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    then: Then,
+) -> None:
+    engine = await start_engine(then=then)
+    gateway = await start_gateway(engine_url=engine.url)
+    assert await complete(http, gateway.url, "first") == (200, ANSWER)
+    assert await complete(http, gateway.url, "second") == (200, ANSWER)
+    # The second went out on the first's pooled connection, which the engine closed unread; the
+    # engine read it once, on a new connection.
+    assert (prompts(engine), engine.connections) == (["first", "second"], 2)
+    assert gateway.admission("A").in_flight == 0
+
+
+@pytest.mark.parametrize(
+    ("then", "expected"),
+    [
+        pytest.param("status_line", b'"upstream_unavailable"', id="status-line"),
+        pytest.param("headers", b'"upstream_unavailable"', id="headers-and-part-of-the-body"),
+        pytest.param("stream_headers", b'"upstream_unavailable"', id="stream-headers"),
+    ],
+)
+async def test_a_request_whose_response_began_is_never_sent_again(
+    start_engine: Callable[..., Any],
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    then: Then,
+    expected: bytes,
+) -> None:
+    engine = await start_engine(then=then)
+    gateway = await start_gateway(engine_url=engine.url)
+    assert (await complete(http, gateway.url, "first"))[0] == 200
+    status, body = await complete(http, gateway.url, "second", stream=then == "stream_headers")
+    # A 502, or on a stream whose headers were relayed, an error event.
+    assert status == (200 if then == "stream_headers" else 502)
+    assert expected in body
+    assert (prompts(engine), engine.connections) == (["first", "second"], 1)
+
+
+async def test_a_request_on_a_fresh_connection_is_never_sent_again(
+    start_engine: Callable[..., Any], start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    engine = await start_engine(answered_per_connection=0, then="fin")
+    gateway = await start_gateway(engine_url=engine.url)
+    status, body = await complete(http, gateway.url, "only")
+    assert (status, b'"upstream_unavailable"' in body) == (502, True)
+    assert engine.connections == 1
+
+
+async def test_a_request_that_timed_out_is_never_sent_again(
+    start_engine: Callable[..., Any], start_gateway: StartGateway, http: aiohttp.ClientSession
+) -> None:
+    engine = await start_engine(then="hang")
+    # The wait for the timeout is the condition under test; it is short.
+    gateway = await start_gateway(engine_url=engine.url, upstream_timeout_s=0.2)
+    assert (await complete(http, gateway.url, "first"))[0] == 200
+    status, body = await complete(http, gateway.url, "second")
+    assert (status, b'"upstream_timeout"' in body) == (504, True)
+    assert (prompts(engine), engine.connections) == (["first", "second"], 1)
+
+
+class FakeMonotonic:
+    """aiohttp's connector dates its idle connections with time.monotonic; this stands in."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("settings", "keepalive_s"),
+    [
+        pytest.param({}, 4.0, id="default-below-vllms-5s"),
+        pytest.param({"upstream_keepalive_timeout_s": 1.5}, 1.5, id="configured"),
+    ],
+)
+async def test_idle_pooled_connections_are_dropped_after_the_configured_time(
+    start_engine: Callable[..., Any],
+    start_gateway: StartGateway,
+    http: aiohttp.ClientSession,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: dict[str, Any],
+    keepalive_s: float,
+) -> None:
+    clock = FakeMonotonic()
+    monkeypatch.setattr("aiohttp.connector.monotonic", clock)
+    engine = await start_engine(answered_per_connection=100)
+    gateway = await start_gateway(engine_url=engine.url, **settings)
+    assert (await complete(http, gateway.url, "1"))[0] == 200
+    clock.now += keepalive_s - 0.1
+    assert (await complete(http, gateway.url, "2"))[0] == 200
+    assert engine.connections == 1
+    clock.now += keepalive_s + 0.1
+    assert (await complete(http, gateway.url, "3"))[0] == 200
+    assert engine.connections == 2
+
+
+@pytest.mark.parametrize("value", [0, -1.0])
+def test_the_keepalive_timeout_must_be_positive(value: float) -> None:
+    with pytest.raises(ValidationError, match="upstream_keepalive_timeout_s"):
+        GatewayConfig(upstream_keepalive_timeout_s=value)
+
+
+# --- send on its own ------------------------------------------------------------------------
+
+
+async def _pool_two_connections(session: aiohttp.ClientSession, engine: Engine) -> None:
+    async def one(prompt: str) -> None:
+        response = await send(
+            session,
+            "POST",
+            engine.url,
+            data=json.dumps({"prompt": prompt}).encode(),
+            headers={"Content-Type": "application/json"},
+            client_timeout=TIMEOUT,
+        )
+        await response.read()
+        response.release()
+
+    await asyncio.gather(one("a"), one("b"))
+    assert engine.connections == 2
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+async def test_the_retry_happens_once_even_when_every_pooled_connection_is_stale(
+    start_engine: Callable[..., Any], method: str
+) -> None:
+    # GET: aiohttp retries an idempotent request once by itself; send adds none on top.
+    engine = await start_engine(answer_together=2, then="fin")
+    async with open_session(engine_ssl=True, keepalive_timeout_s=60) as session:
+        await _pool_two_connections(session, engine)
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await send(
+                session,
+                method,
+                engine.url,
+                data=b'{"prompt": "c"}',
+                headers={},
+                client_timeout=TIMEOUT,
+            )
+    # Both pooled connections were tried, no third was opened.
+    assert (prompts(engine), engine.connections) == (["a", "b"], 2)
+
+
+async def test_a_session_without_its_tracing_never_retries(
+    start_engine: Callable[..., Any],
+) -> None:
+    engine = await start_engine(then="fin")
+    async with aiohttp.ClientSession() as session:
+        response = await send(
+            session, "POST", engine.url, data=b'{"prompt": "a"}', headers={}, client_timeout=TIMEOUT
+        )
+        await response.read()
+        response.release()
+        with pytest.raises(aiohttp.ServerDisconnectedError):
+            await send(
+                session,
+                "POST",
+                engine.url,
+                data=b'{"prompt": "b"}',
+                headers={},
+                client_timeout=TIMEOUT,
+            )
+    assert (prompts(engine), engine.connections) == (["a"], 1)
+
+
+def test_open_session_refuses_a_keepalive_that_is_not_positive() -> None:
+    with pytest.raises(ValueError, match="keepalive_timeout_s"):
+        open_session(engine_ssl=True, keepalive_timeout_s=0)
+
+
+async def test_a_read_timeout_on_a_pooled_connection_is_never_retried(
+    start_engine: Callable[..., Any],
+) -> None:
+    # aiohttp raises its sock_read timeout as a ClientError (SocketTimeoutError), unlike the
+    # total timeout; the engine may be working on the request all the same.
+    engine = await start_engine(then="hang")
+    async with open_session(engine_ssl=True, keepalive_timeout_s=60) as session:
+        response = await send(
+            session, "POST", engine.url, data=b'{"prompt": "a"}', headers={}, client_timeout=TIMEOUT
+        )
+        await response.read()
+        response.release()
+        with pytest.raises(aiohttp.SocketTimeoutError):
+            await send(
+                session,
+                "POST",
+                engine.url,
+                data=b'{"prompt": "b"}',
+                headers={},
+                # The wait for the timeout is the condition under test; it is short.
+                client_timeout=aiohttp.ClientTimeout(total=10, sock_read=0.2),
+            )
+    assert (prompts(engine), engine.connections) == (["a", "b"], 1)
