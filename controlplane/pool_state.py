@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -21,6 +22,7 @@ from controlplane.core.allocation import Allocation, GatewayLimit
 from controlplane.core.config_change import config_key_digests
 from controlplane.core.gateway_split import split_among_gateways, split_is_stale
 from controlplane.core.grants import Cell, compute_grants
+from controlplane.core.preemption import CellLoad, TenantTerms, pause_levels
 from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionLog
 from slotshift.apportion import nominal_shares
@@ -44,6 +46,12 @@ class TenantUsage:
     ttft: Latency = Latency()
     e2e: Latency = Latency()
     queue_wait: Latency = Latency()
+    paused: int = 0
+    """Of `queued`, paused requests waiting to resume."""
+    output_tokens_total: int = 0
+    """Output tokens the engine generated for the tenant's requests there, since it started."""
+    waste_tokens_total: int = 0
+    """Of those, and of recomputed prompts, the tokens pausing wasted (docs/preemption.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +205,8 @@ class PoolState:
         """W3C context of the decision whose tenant limits are in force (empty: the nominal
         shares, before any decision changed them)."""
         self._queued_before: dict[str, int] = {}
+        self._waste_samples: deque[tuple[float, int, int]] = deque()
+        """(monotonic s, pool output tokens, pool waste tokens) over the waste window."""
         self.decision_wanted = asyncio.Event()
         """Set when something calls for a decision before the next period (the fast path)."""
         self.fast_path_reason = ""
@@ -244,6 +254,7 @@ class PoolState:
         if record is None:
             return
         record.usage = dict(usage)
+        self._observe_waste()
         self._check_fast_path()
         self.reconcile()
 
@@ -484,9 +495,13 @@ class PoolState:
                 for (gid, tenant), cell in cells.items()
             }
         grants = compute_grants(self.pool.budget_slots, cells)
+        pauses = self._pause_levels(connected, targets, grants)
         gateways = {
             gid: {
-                t: GatewayLimit(targets.get(gid, {}).get(t, 0), grants[(gid, t)]) for t in tenants
+                t: GatewayLimit(
+                    targets.get(gid, {}).get(t, 0), grants[(gid, t)], pauses.get((gid, t))
+                )
+                for t in tenants
             }
             for gid in connected
         }
@@ -515,6 +530,68 @@ class PoolState:
             record.sent_at_s[published.version] = now
             record.session.mailbox.put(delivery)
         return published
+
+    def _pause_levels(
+        self,
+        connected: Mapping[str, _GatewayRecord],
+        targets: Mapping[str, Mapping[str, int]],
+        grants: Mapping[tuple[str, str], int],
+    ) -> dict[tuple[str, str], int]:
+        """Where preemptible borrowers must pause work for a lender (core/preemption.py), unless
+        preemption is off or the pool's recent waste is over its cap."""
+        settings = self.pool.preemption
+        if not settings.enabled or self.waste_percent() > settings.max_waste_percent:
+            return {}
+        preemptible = [t for t in self.pool.tenants if t.preemptible]
+        if not preemptible:
+            return {}
+        nominal = nominal_shares(self.pool)
+        terms = {
+            t.name: TenantTerms(
+                preemptible=t.preemptible,
+                nominal_slots=nominal[t.name],
+                limit_slots=self.allocation.tenant_limits.get(t.name, 0),
+            )
+            for t in self.pool.tenants
+        }
+        loads: dict[tuple[str, str], CellLoad] = {}
+        for gid, record in connected.items():
+            for tenant in terms:
+                usage = record.usage.get(tenant, TenantUsage())
+                loads[(gid, tenant)] = CellLoad(
+                    in_flight=usage.in_flight,
+                    queued=usage.queued,
+                    target=targets.get(gid, {}).get(tenant, 0),
+                    grant=grants.get((gid, tenant), 0),
+                )
+        return pause_levels(terms, loads)
+
+    def _observe_waste(self) -> None:
+        """Remember the pool's output and waste counters now, for the waste window."""
+        now = self._clock.monotonic()
+        output = waste = 0
+        for record in self._gateways.values():
+            for usage in record.usage.values():
+                output += usage.output_tokens_total
+                waste += usage.waste_tokens_total
+        samples = self._waste_samples
+        samples.append((now, output, waste))
+        horizon = now - self.pool.preemption.waste_window_s
+        while len(samples) > 2 and samples[1][0] <= horizon:
+            samples.popleft()
+
+    def waste_percent(self) -> float:
+        """Waste over the last waste_window_s, in percent of the output in that window (0 until
+        there is output). Counters of gateways that left or restarted count from their return."""
+        if len(self._waste_samples) < 2:
+            return 0.0
+        _, output_then, waste_then = self._waste_samples[0]
+        _, output_now, waste_now = self._waste_samples[-1]
+        output = output_now - output_then
+        waste = waste_now - waste_then
+        if output <= 0 or waste <= 0:
+            return 0.0
+        return 100.0 * waste / output
 
 
 def _granted(allocation: Allocation, gateway_id: str, tenant: str) -> int:

@@ -127,6 +127,13 @@ class TenantConfig(_Model):
     e2e_slo_ms: Annotated[float, Field(gt=0)] | None = None
     """Target p99 end-to-end latency, measured at the gateway from arrival."""
 
+    preemptible: bool = False
+    """Whether the tenant's borrowed work may be paused when a lender needs its slots back, and
+    resumed later without loss (docs/preemption.md): meant for batch tenants. Only requests above
+    the tenant's own nominal share are ever paused. A tenant that is not preemptible borrows only
+    what the other tenants' reserves leave free, so that lending to it never costs a lender its
+    reserve."""
+
     @model_validator(mode="after")
     def _floor_within_ceiling(self) -> TenantConfig:
         if self.ceiling_slots is not None and self.floor_slots > self.ceiling_slots:
@@ -222,6 +229,27 @@ class AgentPolicyConfig(_Model):
     """Sampling temperature; 0 for the most repeatable answers."""
 
 
+class PreemptionConfig(_Model):
+    """Pausing preemptible tenants' borrowed work so that a lender gets its slots back at once."""
+
+    enabled: bool = True
+    """Pause borrowed work of preemptible tenants when a lender is owed slots; off, a lent slot
+    comes back only when the borrower's request in it ends."""
+
+    max_pauses_per_request: Annotated[int, Field(ge=0)] = 2
+    """Most times one request is paused; a request paused that often runs to its end, so that a
+    resumed request is not the youngest victim of every burst."""
+
+    max_waste_percent: Annotated[float, Field(ge=0, le=100)] = 3.0
+    """Most waste (output tokens discarded by restarts, plus prompt tokens recomputed on resume
+    that were not prefix-cache hits) the pool accepts, in percent of its output tokens over the
+    last `waste_window_s`; above it the control plane waits for borrowed work to end instead of
+    pausing it. The waste is charged to the pool, never to a tenant."""
+
+    waste_window_s: PositiveSeconds = 60.0
+    """The window over which the waste share is measured."""
+
+
 class PoolConfig(_Model):
     """One pool: one inference server (one vLLM engine) with its own fixed slot budget."""
 
@@ -262,6 +290,9 @@ class PoolConfig(_Model):
 
     agent_policy: AgentPolicyConfig = AgentPolicyConfig()
     """Settings of the agent policy (used when `policy` is agent)."""
+
+    preemption: PreemptionConfig = PreemptionConfig()
+    """How borrowed work of preemptible tenants is paused and resumed (docs/preemption.md)."""
 
     def ceiling_of(self, tenant: TenantConfig) -> int:
         """The tenant's effective ceiling: its own, or the whole budget."""
@@ -398,6 +429,10 @@ class GatewayConfig(_Model):
     drain_timeout_s: PositiveSeconds = 30.0
     """Seconds running requests get to finish on shutdown."""
 
+    paused_keepalive_interval_s: PositiveSeconds = 5.0
+    """While a streamed request is paused, an SSE comment is sent this often so that idle
+    proxies between the client and the gateway do not cut the stream."""
+
     retry_after_s: Annotated[int, Field(ge=0)] = 1
     """Seconds a client is told to wait (Retry-After) with a 429 (queue full) or a 503 (queue
     timeout, shutting down)."""
@@ -500,8 +535,18 @@ class EngineSimConfig(_Model):
     """Output tokens a request gets when it names no max_tokens (capped by max_model_len)."""
 
     pseudo_eos_max_tokens: Annotated[int, Field(ge=1)] = 1024
-    """Without ignore_eos a request stops at a pseudo end-of-sequence drawn from its prompt,
-    uniformly between 1 and this many output tokens (unless max_tokens comes first)."""
+    """Without ignore_eos a request stops at a pseudo end-of-sequence that each sampled token is
+    with probability 2 / (this + 1), a function of the context (engine_sim/tokens.py): output
+    lengths are geometric with mean (this + 1) / 2, the mean of a uniform 1..this law (unless
+    max_tokens comes first; min_tokens delays it)."""
+
+    enable_prefix_caching: bool = True
+    """Cache full KV blocks by their tokens' chained hash and let later requests that start with
+    the same tokens skip computing them (vLLM's --enable-prefix-caching, on by default in V1)."""
+
+    enable_prompt_tokens_details: bool = False
+    """Report usage.prompt_tokens_details.cached_tokens, the prompt tokens found in the prefix
+    cache (vLLM's --enable-prompt-tokens-details, off by default)."""
 
     gpu_memory_total_bytes: Annotated[int, Field(ge=1)] | None = None
     """Memory of the emulated GPU as NVML reports it; unset: the profile's (an H200)."""

@@ -14,6 +14,9 @@ class GatewayLimit:
     """The gateway's part of the tenant's pool-wide limit."""
     limit_slots: int
     """What the gateway may admit now (at most target_slots; lower while slots drain elsewhere)."""
+    pause_above_slots: int | None = None
+    """Set for a preemptible tenant whose borrowed work a lender needs back: the gateway pauses
+    its running requests until at most this many run (controlplane/core/preemption.py)."""
 
 
 @dataclass(frozen=True, slots=True)

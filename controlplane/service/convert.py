@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from controlplane.core.allocation import Allocation
+from controlplane.core.allocation import Allocation, GatewayLimit
 from controlplane.core.snapshot import Latency, TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
 from controlplane.pool_state import TenantDirectory, TenantUsage
@@ -54,6 +54,9 @@ def usage_from_proto(
             ttft=latency_from_proto(t.ttft),
             e2e=latency_from_proto(t.e2e),
             queue_wait=latency_from_proto(t.queue_wait),
+            paused=max(0, t.paused),
+            output_tokens_total=max(0, t.output_tokens_total),
+            waste_tokens_total=max(0, t.waste_tokens_total),
         )
         for t in tenants
         if t.tenant in known
@@ -90,12 +93,7 @@ def allocation_to_proto(
         gateways=[
             allocation_pb2.GatewayAllocation(
                 gateway_id=gateway_id,
-                tenants=[
-                    allocation_pb2.GatewayTenantLimit(
-                        tenant=tenant, target_slots=lim.target_slots, limit_slots=lim.limit_slots
-                    )
-                    for tenant, lim in limits.items()
-                ],
+                tenants=[gateway_limit_to_proto(tenant, lim) for tenant, lim in limits.items()],
                 applied_version=applied_versions.get(gateway_id, 0),
             )
             for gateway_id, limits in sorted(allocation.gateways.items())
@@ -108,11 +106,18 @@ def gateway_limits_to_proto(
     allocation: Allocation, gateway_id: str
 ) -> list[allocation_pb2.GatewayTenantLimit]:
     return [
-        allocation_pb2.GatewayTenantLimit(
-            tenant=tenant, target_slots=lim.target_slots, limit_slots=lim.limit_slots
-        )
+        gateway_limit_to_proto(tenant, lim)
         for tenant, lim in allocation.gateways.get(gateway_id, {}).items()
     ]
+
+
+def gateway_limit_to_proto(tenant: str, limit: GatewayLimit) -> allocation_pb2.GatewayTenantLimit:
+    message = allocation_pb2.GatewayTenantLimit(
+        tenant=tenant, target_slots=limit.target_slots, limit_slots=limit.limit_slots
+    )
+    if limit.pause_above_slots is not None:
+        message.pause_above_slots = limit.pause_above_slots
+    return message
 
 
 def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Decision:

@@ -66,6 +66,7 @@ class GatewayTenantLimit(_message.Message):
     TENANT_FIELD_NUMBER: _builtins.int
     TARGET_SLOTS_FIELD_NUMBER: _builtins.int
     LIMIT_SLOTS_FIELD_NUMBER: _builtins.int
+    PAUSE_ABOVE_SLOTS_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     target_slots: _builtins.int
     """This gateway's part of the tenant's pool-wide limit; over all gateways these sum to the
@@ -75,18 +76,27 @@ class GatewayTenantLimit(_message.Message):
     """What the gateway may admit now. It equals target_slots once slots given up elsewhere have
     drained; until then it is lower, so that the pool never has more than its budget in flight.
     """
+    pause_above_slots: _builtins.int
+    """Set only for a preemptible tenant holding borrowed work that a lender needs back: the gateway
+    pauses this tenant's running requests (youngest by original admission first) until at most
+    this many run, and resumes them later (docs/preemption.md). A level, not a count: applying
+    the same value again pauses nothing more. Never below the tenant's own share here.
+    """
     def __init__(
         self,
         *,
         tenant: _builtins.str = ...,
         target_slots: _builtins.int = ...,
         limit_slots: _builtins.int = ...,
+        pause_above_slots: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_pause_above_slots", b"_pause_above_slots", "pause_above_slots", b"pause_above_slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit_slots", b"limit_slots", "target_slots", b"target_slots", "tenant", b"tenant"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_pause_above_slots", b"_pause_above_slots", "limit_slots", b"limit_slots", "pause_above_slots", b"pause_above_slots", "target_slots", b"target_slots", "tenant", b"tenant"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__pause_above_slots: _TypeAlias = _typing.Literal["pause_above_slots"]  # noqa: Y015
+    _WhichOneofArgType__pause_above_slots: _TypeAlias = _typing.Literal["_pause_above_slots", b"_pause_above_slots"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__pause_above_slots) -> _WhichOneofReturnType__pause_above_slots | None: ...
 
 Global___GatewayTenantLimit: _TypeAlias = GatewayTenantLimit  # noqa: Y015
 

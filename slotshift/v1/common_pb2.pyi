@@ -63,6 +63,10 @@ class TenantDemand(_message.Message):
     TTFT_FIELD_NUMBER: _builtins.int
     E2E_FIELD_NUMBER: _builtins.int
     QUEUE_WAIT_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    WASTE_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    PAUSES_TOTAL_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     in_flight: _builtins.int
     """Requests admitted and not yet finished."""
@@ -74,6 +78,15 @@ class TenantDemand(_message.Message):
     rejected_total: _builtins.int
     limit_slots: _builtins.int
     """The limit the gateway enforces now."""
+    paused: _builtins.int
+    """Of `queued`, the paused requests waiting to resume (counted in `queued` as well)."""
+    output_tokens_total: _builtins.int
+    """Counters since the gateway started, for the pool's waste share (docs/preemption.md): output
+    tokens the engine generated for this tenant's requests, and of those, tokens discarded by
+    restarts plus prompt tokens recomputed on resume that were not prefix-cache hits.
+    """
+    waste_tokens_total: _builtins.int
+    pauses_total: _builtins.int
     @_builtins.property
     def ttft(self) -> Global___LatencySummary:
         """Time to first token and end-to-end latency of recently completed requests."""
@@ -97,10 +110,14 @@ class TenantDemand(_message.Message):
         ttft: Global___LatencySummary | None = ...,
         e2e: Global___LatencySummary | None = ...,
         queue_wait: Global___LatencySummary | None = ...,
+        paused: _builtins.int = ...,
+        output_tokens_total: _builtins.int = ...,
+        waste_tokens_total: _builtins.int = ...,
+        pauses_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["e2e", b"e2e", "queue_wait", b"queue_wait", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "completed_total", b"completed_total", "e2e", b"e2e", "in_flight", b"in_flight", "limit_slots", b"limit_slots", "queue_wait", b"queue_wait", "queued", b"queued", "rejected_total", b"rejected_total", "tenant", b"tenant", "ttft", b"ttft"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "completed_total", b"completed_total", "e2e", b"e2e", "in_flight", b"in_flight", "limit_slots", b"limit_slots", "output_tokens_total", b"output_tokens_total", "paused", b"paused", "pauses_total", b"pauses_total", "queue_wait", b"queue_wait", "queued", b"queued", "rejected_total", b"rejected_total", "tenant", b"tenant", "ttft", b"ttft", "waste_tokens_total", b"waste_tokens_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,192 @@
+"""PoolState with preemptible borrowers: a queued lender has borrowed work paused at once, the
+budget holds while work pauses and resumes, and nothing within a borrower's share is paused."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from controlplane.core.slo_policy import SloPolicy
+from controlplane.decision_loop import DecisionLoop
+from controlplane.pool_state import PoolState, TenantUsage
+from slotshift.clock import ManualClock
+from slotshift.config import PoolConfig, PreemptionConfig, TenantConfig
+from tests.unit.controlplane.test_pool_state import SimGateway
+
+POOL = PoolConfig(
+    name="p",
+    budget_slots=96,
+    policy="slo",
+    tenants=[
+        TenantConfig(name="A", floor_slots=4),
+        TenantConfig(name="B", floor_slots=4, preemptible=True),
+    ],
+)
+
+
+@dataclass
+class PausingGateway(SimGateway):
+    """A SimGateway that pauses down to the level it is sent: paused work leaves at once and
+    waits at the head of the tenant's queue, counted as queued."""
+
+    paused_total: int = 0
+
+    def apply_pending(self, state: PoolState) -> bool:
+        assert self.session is not None
+        delivery = self.session.mailbox.take_nowait()
+        if delivery is None or delivery.allocation.version <= self.applied_version:
+            return False
+        limits = delivery.allocation.gateways[self.gateway_id]
+        self.limits = {t: lim.limit_slots for t, lim in limits.items()}
+        self.applied_version = delivery.allocation.version
+        for tenant, lim in limits.items():
+            level = lim.pause_above_slots
+            if level is not None and self.in_flight[tenant] > level:
+                moved = self.in_flight[tenant] - level
+                self.in_flight[tenant] = level
+                self.queued[tenant] += moved
+                self.paused_total += moved
+        state.record_ack(self.session, self.applied_version, self.usage())
+        return True
+
+
+def _state(clock: ManualClock, pool: PoolConfig = POOL) -> PoolState:
+    state = PoolState(
+        pool,
+        clock=clock,
+        gateway_lease_ttl_s=6.0,
+        telemetry_stale_after_s=5.0,
+        decision_log_size=64,
+    )
+    clock.advance(6.0)
+    return state
+
+
+def _settle(state: PoolState, gateways: list[PausingGateway]) -> None:
+    for _ in range(6):
+        for gateway in gateways:
+            assert gateway.session is not None
+            gateway.apply_pending(state)
+            gateway.admit()
+            state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+
+
+def test_a_queued_lender_gets_its_share_back_in_one_round_trip() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, SloPolicy(), clock=clock)
+    gateway = PausingGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    gateway.queued["B"] = 200
+    _settle(state, [gateway])
+    loop.decide_once()
+    _settle(state, [gateway])
+    assert gateway.in_flight["B"] > 48, "B borrows A's idle share"
+    borrowed = gateway.in_flight["B"]
+    # A bursts: its queue reaches the control plane, the fast path decides, and the push that
+    # carries A's share back tells the gateway how much of B's borrowed work to pause.
+    gateway.queued["A"] = 30
+    assert gateway.session is not None
+    state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    loop.decide_once(trigger="fast path")
+    _settle(state, [gateway])
+    assert gateway.in_flight["A"] == 30, "A runs its whole burst without waiting for B"
+    assert gateway.paused_total == 30 - (96 - borrowed)
+    assert gateway.in_flight["B"] >= 48, "B keeps its own share"
+
+
+def test_a_borrower_that_did_not_opt_in_is_waited_for() -> None:
+    pool = POOL.model_copy(
+        update={"tenants": [TenantConfig(name="A", floor_slots=4), TenantConfig(name="B")]}
+    )
+    clock = ManualClock()
+    state = _state(clock, pool)
+    loop = DecisionLoop(state, SloPolicy(), clock=clock)
+    gateway = PausingGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    gateway.queued["B"] = 200
+    _settle(state, [gateway])
+    loop.decide_once()
+    _settle(state, [gateway])
+    gateway.queued["A"] = 30
+    _settle(state, [gateway])
+    loop.decide_once(trigger="fast path")
+    _settle(state, [gateway])
+    assert gateway.paused_total == 0
+    assert gateway.in_flight["A"] < 30
+
+
+def test_preemption_switched_off_pauses_nothing() -> None:
+    pool = POOL.model_copy(update={"preemption": PreemptionConfig(enabled=False)})
+    clock = ManualClock()
+    state = _state(clock, pool)
+    loop = DecisionLoop(state, SloPolicy(), clock=clock)
+    gateway = PausingGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    gateway.queued["B"] = 200
+    _settle(state, [gateway])
+    loop.decide_once()
+    _settle(state, [gateway])
+    gateway.queued["A"] = 30
+    _settle(state, [gateway])
+    loop.decide_once(trigger="fast path")
+    _settle(state, [gateway])
+    assert gateway.paused_total == 0
+
+
+def test_waste_over_the_cap_stops_pausing() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    gateway = PausingGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    assert gateway.session is not None
+    usage = gateway.usage()
+    state.record_demand(gateway.session, 0, usage)
+    clock.advance(1.0)
+    wasteful = dict(usage)
+    wasteful["B"] = TenantUsage(output_tokens_total=1_000, waste_tokens_total=50)
+    state.record_demand(gateway.session, 0, wasteful)
+    assert state.waste_percent() == pytest.approx(5.0)
+    assert state.waste_percent() > POOL.preemption.max_waste_percent
+    assert state._pause_levels({}, {}, {}) == {}
+
+
+def test_budget_holds_while_work_pauses_and_resumes() -> None:
+    paused = sum(_random_walk(seed) for seed in range(12))
+    assert paused > 0, "the walks exercised pausing"
+
+
+def _random_walk(seed: int) -> int:
+    """Random interleavings of pushes, acks, arrivals, completions, reports and decisions;
+    returns how many requests were paused."""
+    rng = random.Random(seed)
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, SloPolicy(), clock=clock)
+    gateways = [PausingGateway(f"gw{i}", {"A": 16, "B": 16}) for i in range(3)]
+    for gateway in gateways:
+        gateway.connect(state)
+    for _ in range(2_000):
+        gateway = rng.choice(gateways)
+        assert gateway.session is not None
+        action = rng.random()
+        if action < 0.3:
+            gateway.apply_pending(state)
+        elif action < 0.5:
+            tenant = rng.choice(["A", "B"])
+            gateway.queued[tenant] += rng.randint(0, 20)
+            gateway.admit()
+        elif action < 0.7:
+            tenant = rng.choice(["A", "B"])
+            gateway.in_flight[tenant] -= rng.randint(0, gateway.in_flight[tenant])
+            gateway.admit()
+        elif action < 0.95:
+            state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+        else:
+            clock.advance(rng.choice([0.1, 2.0]))
+            loop.decide_once()
+        total = sum(sum(g.in_flight.values()) for g in gateways)
+        assert total <= POOL.budget_slots, f"seed {seed}: {total} in flight"
+    return sum(g.paused_total for g in gateways)
