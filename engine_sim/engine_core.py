@@ -18,7 +18,21 @@ The scheduler follows vLLM V1's, reduced to what shapes latency and throughput:
 - KV blocks: a sequence holds ceil(computed tokens / block_size) blocks, allocated when a step is
   scheduled. When a running sequence cannot grow, the newest running sequence is preempted: its
   blocks are freed, it returns to the front of the waiting queue and later recomputes its prompt
-  and the output produced so far. No new request is admitted in a step that preempted.
+  and the output produced so far (what the prefix cache still holds of it excepted). No new
+  request is admitted in a step that preempted.
+- Prefix caching (vLLM V1's automatic prefix caching, on unless enable_prefix_caching is false):
+  a full block is named by the context hash at its end (engine_sim/tokens.py), which chains every
+  token before it. Once computed, a full block is shared: a request admitted later whose leading
+  full blocks are cached starts with those tokens computed (never its last prompt token: at least
+  one token is computed, as vLLM needs its logits), and they are not prefill work. Blocks of
+  requests that finished, were aborted or preempted stay cached while unreferenced, evictable in
+  least-recently-freed order (a request's last block first): allocation takes never-used free
+  blocks first, then evicts. vLLM counts a request's lookup once, when it is first admitted
+  (vllm:prefix_cache_queries and vllm:prefix_cache_hits, in tokens; a preempted request's
+  re-admission is in neither); the tokens then found cached are its usage's cached_tokens.
+- Tokens: each sampled token is a function of the request's context (tokens.py), so a request
+  whose prompt is another's prompt plus its first k output tokens generates that other's output
+  from token k on, EOS included (given min_tokens and max_tokens reduced by k).
 - Step time = step_base_ms + step_per_seq_ms x sequences + step_per_context_token_us x context
   tokens / 1000 + step_per_prefill_token_us x prefill tokens / 1000, where context tokens are the
   tokens the scheduled sequences hold after the step and prefill tokens those computed for
@@ -29,11 +43,21 @@ The scheduler follows vLLM V1's, reduced to what shapes latency and throughput:
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from engine_sim.profiles import EngineProfile, effective_profile
+from engine_sim.tokens import (
+    CONTEXT_HASH_START,
+    EOS_TOKEN_ID,
+    context_hash,
+    eos_sampled,
+    eos_threshold,
+    extend_hash,
+    next_token_id,
+    pseudo_eos_mean_tokens,
+)
 from slotshift.config import EngineSimConfig
 
 
@@ -51,13 +75,20 @@ class FinishReason(StrEnum):
 
 @dataclass(frozen=True)
 class RequestSpec:
-    """A request as the engine sees it: token counts, not text."""
+    """A request as the engine sees it: token ids, not text."""
 
     request_id: str
-    prompt_tokens: int
+    prompt_token_ids: tuple[int, ...]
     max_output_tokens: int
-    stop_after_tokens: int | None
-    """Output tokens after which the request ends by itself (pseudo-EOS); None for ignore_eos."""
+    ignore_eos: bool = False
+    """Never sample the pseudo-EOS: the request ends after exactly max_output_tokens."""
+    min_tokens: int = 0
+    """Output tokens before which the pseudo-EOS is not sampled (vLLM's min_tokens)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """How many prompt tokens it has."""
+        return len(self.prompt_token_ids)
 
 
 @dataclass(frozen=True)
@@ -67,6 +98,7 @@ class TokenEmitted:
     request_id: str
     index: int
     """0-based position in the output."""
+    token_id: int
     time_s: float
     interval_s: float
     """Since the previous token, or for the first token since arrival (its TTFT)."""
@@ -86,6 +118,9 @@ class FinishedRequest:
     first_scheduled_s: float | None
     """None when it was aborted before ever being scheduled."""
     finished_s: float
+    cached_tokens: int = 0
+    """Prompt tokens the prefix cache held when it was first admitted (vLLM's
+    num_cached_tokens); 0 when it was never admitted."""
 
     @property
     def e2e_s(self) -> float:
@@ -102,16 +137,29 @@ class FinishedRequest:
 class _Sequence:
     spec: RequestSpec
     arrival_s: float
+    context_hash: int
+    """Of every token so far, prompt and output."""
+    block_keys: list[int]
+    """The context hash at the end of each full block of its tokens so far."""
     num_computed_tokens: int = 0
     output_tokens: int = 0
-    blocks: int = 0
+    shared_keys: list[int] = field(default_factory=list)
+    """Keys of the cached blocks it holds: always its leading blocks (block_keys' prefix)."""
+    private_blocks: int = 0
+    """Blocks it holds that are not in the cache (the partial last one, or all without caching)."""
     first_scheduled_s: float | None = None
+    cached_tokens: int | None = None
+    preempted: bool = False
     last_token_s: float | None = None
     done: bool = False
 
     @property
     def num_tokens(self) -> int:
         return self.spec.prompt_tokens + self.output_tokens
+
+    @property
+    def blocks(self) -> int:
+        return len(self.shared_keys) + self.private_blocks
 
 
 @dataclass(frozen=True)
@@ -132,6 +180,10 @@ class ScheduledStep:
     context_tokens: int
     preemptions: int
     duration_s: float
+    prefix_cache_queries: int = 0
+    """Prompt tokens looked up in the prefix cache by requests first admitted in this step."""
+    prefix_cache_hits: int = 0
+    """Of those, the tokens found cached."""
 
     @property
     def num_seqs(self) -> int:
@@ -159,21 +211,31 @@ class StepOutcome:
 
 
 class EngineCore:
-    """The scheduler and KV cache of one emulated engine (see the module docstring)."""
+    """The scheduler, KV cache and prefix cache of one emulated engine (see the module docstring)."""
 
     def __init__(self, config: EngineSimConfig) -> None:
         self._config = config
         self._profile = effective_profile(config)
+        self._block_size = config.block_size_tokens
+        self._caching = config.enable_prefix_caching
+        self._eos_threshold = eos_threshold(pseudo_eos_mean_tokens(config.pseudo_eos_max_tokens))
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
         self._free_blocks = self._profile.kv_cache_blocks
+        """Never-used (or uncached) free blocks; evictable cached blocks are counted apart."""
+        self._evictable: OrderedDict[int, None] = OrderedDict()
+        """Cached blocks no request holds, least recently freed first."""
+        self._in_use: dict[int, int] = {}
+        """Cached blocks requests hold, by key, with how many hold each."""
         self._in_flight: ScheduledStep | None = None
         self._next_step_id = 0
         self._peak_in_engine = 0
         self._finished_counts = dict.fromkeys(FinishReason, 0)
         self._preemptions_total = 0
         self._steps_total = 0
+        self._prefix_cache_queries_total = 0
+        self._prefix_cache_hits_total = 0
 
     # --- state -----------------------------------------------------------------------------
 
@@ -193,21 +255,36 @@ class EngineCore:
         return len(self._waiting)
 
     @property
+    def num_in_engine(self) -> int:
+        """Requests inside the engine now: running plus waiting."""
+        return len(self._by_id)
+
+    @property
     def has_work(self) -> bool:
         return bool(self._running or self._waiting)
 
     @property
     def peak_in_engine(self) -> int:
-        """Most requests running plus waiting at once since start or the last reset_peak()."""
+        """Most requests running plus waiting at once since start or the last reset_peak(), taken
+        at every add_request() and every schedule(): an exact high-water mark, not a sample."""
         return self._peak_in_engine
 
-    def reset_peak(self) -> None:
-        """Start a new peak measurement from the current number of requests."""
+    def reset_peak(self) -> int:
+        """Start a new peak measurement from the current number of requests; returns the peak
+        that ended."""
+        ended = self._peak_in_engine
         self._peak_in_engine = len(self._by_id)
+        return ended
 
     @property
     def used_blocks(self) -> int:
-        return self._profile.kv_cache_blocks - self._free_blocks
+        """Blocks requests hold (evictable cached blocks are free, as vLLM counts them)."""
+        return self._profile.kv_cache_blocks - self._free_blocks - len(self._evictable)
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks the prefix cache names, held or evictable."""
+        return len(self._in_use) + len(self._evictable)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -226,6 +303,16 @@ class EngineCore:
     def steps_total(self) -> int:
         return self._steps_total
 
+    @property
+    def prefix_cache_queries_total(self) -> int:
+        """Prompt tokens looked up at first admission since start (vLLM's counter's value)."""
+        return self._prefix_cache_queries_total
+
+    @property
+    def prefix_cache_hits_total(self) -> int:
+        """Of those, the tokens found cached."""
+        return self._prefix_cache_hits_total
+
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._by_id
 
@@ -237,18 +324,29 @@ class EngineCore:
             raise ValueError(f"request {spec.request_id} is already in the engine")
         if spec.prompt_tokens < 1 or spec.max_output_tokens < 1:
             raise ValueError("a request needs at least one prompt and one output token")
+        if not 0 <= spec.min_tokens <= spec.max_output_tokens:
+            raise ValueError("min_tokens must lie between 0 and max_output_tokens")
         if spec.prompt_tokens + spec.max_output_tokens > self._config.max_model_len:
             raise ValueError(
                 f"{spec.prompt_tokens} prompt + {spec.max_output_tokens} output tokens exceed "
                 f"max_model_len {self._config.max_model_len}"
             )
-        sequence = _Sequence(spec=spec, arrival_s=now_s)
+        state = CONTEXT_HASH_START
+        keys: list[int] = []
+        ids = spec.prompt_token_ids
+        size = self._block_size
+        for start in range(0, len(ids) - size + 1, size):
+            state = context_hash(ids[start : start + size], state)
+            keys.append(state)
+        state = context_hash(ids[len(keys) * size :], state)
+        sequence = _Sequence(spec=spec, arrival_s=now_s, context_hash=state, block_keys=keys)
         self._by_id[spec.request_id] = sequence
         self._waiting.append(sequence)
         self._peak_in_engine = max(self._peak_in_engine, len(self._by_id))
 
     def abort(self, request_id: str, now_s: float) -> FinishedRequest | None:
-        """Remove a request wherever it is; None if it is not in the engine (already done)."""
+        """Remove a request wherever it is; None if it is not in the engine (already done). Its
+        computed full blocks stay in the prefix cache."""
         sequence = self._by_id.get(request_id)
         if sequence is None:
             return None
@@ -264,9 +362,11 @@ class EngineCore:
         """Decide the next step; the caller lets duration_s pass, then calls complete()."""
         if self._in_flight is not None:
             raise RuntimeError("the previous step has not completed")
+        self._peak_in_engine = max(self._peak_in_engine, len(self._by_id))
         budget = self._profile.max_num_batched_tokens
         entries: list[_Scheduled] = []
         preemptions = 0
+        queries = hits = 0
 
         index = 0
         while index < len(self._running) and budget > 0:
@@ -274,7 +374,7 @@ class EngineCore:
             new_tokens = min(sequence.num_tokens - sequence.num_computed_tokens, budget)
             needed = self._blocks_for(sequence.num_computed_tokens + new_tokens) - sequence.blocks
             preempted_self = False
-            while needed > self._free_blocks:
+            while needed > self._allocatable():
                 victim = self._running.pop()
                 self._preempt(victim)
                 preemptions += 1
@@ -291,13 +391,26 @@ class EngineCore:
         if preemptions == 0:
             while self._waiting and budget > 0 and len(self._running) < self._profile.max_num_seqs:
                 sequence = self._waiting[0]
-                new_tokens = min(sequence.num_tokens - sequence.num_computed_tokens, budget)
-                needed = self._blocks_for(new_tokens)
-                if needed > self._free_blocks:
+                hit_keys = self._cache_hit(sequence)
+                computed = len(hit_keys) * self._block_size
+                new_tokens = min(sequence.num_tokens - computed, budget)
+                needed = self._blocks_for(computed + new_tokens) - len(hit_keys)
+                # Evictable hits are taken out of the free pool, so they cannot also be allocated.
+                revived = sum(1 for key in hit_keys if key in self._evictable)
+                if needed > self._allocatable() - revived:
                     break
                 self._waiting.popleft()
+                for key in hit_keys:
+                    self._hold_cached(key)
+                sequence.shared_keys = hit_keys
+                sequence.num_computed_tokens = computed
                 self._allocate(sequence, needed)
                 self._running.append(sequence)
+                if sequence.cached_tokens is None:
+                    sequence.cached_tokens = computed
+                if self._caching and not sequence.preempted:
+                    queries += sequence.num_tokens
+                    hits += computed
                 if sequence.first_scheduled_s is None:
                     # The driver may date a step a little before the present (it keeps steps
                     # back to back); a request that arrived since was not queued before it.
@@ -319,14 +432,19 @@ class EngineCore:
             duration_s=self.step_duration_s(len(entries), context_tokens, prefill_tokens)
             if entries
             else 0.0,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
         )
         self._next_step_id += 1
         self._preemptions_total += preemptions
+        self._prefix_cache_queries_total += queries
+        self._prefix_cache_hits_total += hits
         self._in_flight = step
         return step
 
     def complete(self, step: ScheduledStep, now_s: float) -> StepOutcome:
-        """Finish `step` at now_s: advance its sequences, sample tokens, end finished requests."""
+        """Finish `step` at now_s: advance its sequences, cache their newly full blocks, sample
+        tokens, end finished requests."""
         if self._in_flight is not step:
             raise RuntimeError(f"step {step.step_id} is not the step in flight")
         self._in_flight = None
@@ -340,19 +458,22 @@ class EngineCore:
             if sequence.done:  # aborted while the step ran
                 continue
             sequence.num_computed_tokens += entry.new_tokens
+            if self._caching:
+                self._cache_full_blocks(sequence)
             if sequence.num_computed_tokens < sequence.num_tokens:
                 continue  # a prefill chunk; no token yet
             index = sequence.output_tokens
             previous_s = sequence.last_token_s
             if previous_s is None:
                 previous_s = sequence.arrival_s
-            sequence.output_tokens += 1
+            token_id, reason = self._sample(sequence)
             sequence.last_token_s = now_s
             if index == 0:
                 prompt_tokens += sequence.spec.prompt_tokens
-            reason = self._finish_reason(sequence)
             tokens.append(
-                TokenEmitted(sequence.spec.request_id, index, now_s, now_s - previous_s, reason)
+                TokenEmitted(
+                    sequence.spec.request_id, index, token_id, now_s, now_s - previous_s, reason
+                )
             )
             if reason is not None:
                 self._running.remove(sequence)
@@ -366,21 +487,96 @@ class EngineCore:
     # --- internals -------------------------------------------------------------------------
 
     def _blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self._config.block_size_tokens)
+        return math.ceil(tokens / self._block_size)
+
+    def _allocatable(self) -> int:
+        return self._free_blocks + len(self._evictable)
 
     def _allocate(self, sequence: _Sequence, blocks: int) -> None:
-        if blocks > 0:
-            self._free_blocks -= blocks
-            sequence.blocks += blocks
+        """Give `sequence` new private blocks: never-used ones first, then the least recently
+        freed cached ones, which leave the cache (the caller checked that they suffice)."""
+        if blocks <= 0:
+            return
+        fresh = min(blocks, self._free_blocks)
+        self._free_blocks -= fresh
+        for _ in range(blocks - fresh):
+            self._evictable.popitem(last=False)
+        sequence.private_blocks += blocks
+
+    def _cache_hit(self, sequence: _Sequence) -> list[int]:
+        """The keys of the leading blocks of `sequence` the cache holds, leaving at least its
+        last token to compute."""
+        if not self._caching:
+            return []
+        hits: list[int] = []
+        limit = (sequence.num_tokens - 1) // self._block_size
+        for key in sequence.block_keys[:limit]:
+            if key not in self._in_use and key not in self._evictable:
+                break
+            hits.append(key)
+        return hits
+
+    def _hold_cached(self, key: int) -> None:
+        if key in self._evictable:
+            del self._evictable[key]
+            self._in_use[key] = 1
+        else:
+            self._in_use[key] += 1
+
+    def _cache_full_blocks(self, sequence: _Sequence) -> None:
+        """Name the blocks that became full and computed: each is shared from now on. A block
+        whose content is cached already is merged into that one (its own block is freed)."""
+        full = sequence.num_computed_tokens // self._block_size
+        for key in sequence.block_keys[len(sequence.shared_keys) : full]:
+            sequence.private_blocks -= 1
+            if key in self._in_use or key in self._evictable:
+                self._hold_cached(key)
+                self._free_blocks += 1
+            else:
+                self._in_use[key] = 1
+            sequence.shared_keys.append(key)
 
     def _release(self, sequence: _Sequence) -> None:
-        self._free_blocks += sequence.blocks
-        sequence.blocks = 0
+        # Freed last block first, so that a request's tail is evicted before its prefix, which
+        # more requests are likely to share (vLLM frees in reverse order for the same reason).
+        for key in reversed(sequence.shared_keys):
+            holders = self._in_use[key] - 1
+            if holders:
+                self._in_use[key] = holders
+            else:
+                del self._in_use[key]
+                self._evictable[key] = None
+        self._free_blocks += sequence.private_blocks
+        sequence.shared_keys = []
+        sequence.private_blocks = 0
 
     def _preempt(self, sequence: _Sequence) -> None:
         self._release(sequence)
         sequence.num_computed_tokens = 0
+        sequence.preempted = True
         self._waiting.appendleft(sequence)
+
+    def _sample(self, sequence: _Sequence) -> tuple[int, FinishReason | None]:
+        """The next token of `sequence`, a function of its context, appended to it; and why the
+        request ends with it, if it does."""
+        spec = sequence.spec
+        state = sequence.context_hash
+        stops = (
+            not spec.ignore_eos
+            and sequence.output_tokens >= spec.min_tokens
+            and eos_sampled(state, self._eos_threshold)
+        )
+        token_id = EOS_TOKEN_ID if stops else next_token_id(state)
+        sequence.context_hash = extend_hash(state, token_id)
+        sequence.output_tokens += 1
+        if sequence.num_tokens % self._block_size == 0:
+            sequence.block_keys.append(sequence.context_hash)
+        if stops:
+            # vLLM reports "stop" when EOS is sampled, even on the max_tokens-th token.
+            return token_id, FinishReason.STOP
+        if sequence.output_tokens >= spec.max_output_tokens:
+            return token_id, FinishReason.LENGTH
+        return token_id, None
 
     @staticmethod
     def _is_decode(entry: _Scheduled) -> bool:
@@ -390,16 +586,6 @@ class EngineCore:
             and sequence.output_tokens > 0
             and sequence.num_computed_tokens == sequence.num_tokens - 1
         )
-
-    @staticmethod
-    def _finish_reason(sequence: _Sequence) -> FinishReason | None:
-        stop_after = sequence.spec.stop_after_tokens
-        if stop_after is not None and sequence.output_tokens >= stop_after:
-            # vLLM reports "stop" when EOS is sampled, even on the max_tokens-th token.
-            return FinishReason.STOP
-        if sequence.output_tokens >= sequence.spec.max_output_tokens:
-            return FinishReason.LENGTH
-        return None
 
     def _finish(self, sequence: _Sequence, reason: FinishReason, now_s: float) -> FinishedRequest:
         sequence.done = True
@@ -414,4 +600,5 @@ class EngineCore:
             arrival_s=sequence.arrival_s,
             first_scheduled_s=sequence.first_scheduled_s,
             finished_s=now_s,
+            cached_tokens=sequence.cached_tokens or 0,
         )

@@ -65,6 +65,7 @@ class AsyncEngine:
                 gpu_utilization_percent=lambda: 100.0 * self.gpu_utilization(),
                 gpu_memory_used_bytes=lambda: self._memory.used_bytes(self.core.used_blocks),
                 gpu_memory_total_bytes=lambda: self._memory.total_bytes,
+                peak_in_engine=lambda: self.core.peak_in_engine,
             ),
         )
         self._streams: dict[str, RequestStream] = {}
@@ -88,7 +89,9 @@ class AsyncEngine:
         if finished is not None:
             # Not in the request metrics: vLLM 0.32 counts an aborted request in none of them
             # (vllm:request_success_total{finished_reason="abort"} stays 0, nor its latencies;
-            # vllm-project/vllm#55634), only in the token counters its steps already fed.
+            # vllm-project/vllm#55634), only in the token counters its steps already fed. The
+            # emulator's own slotshift_ counter counts it.
+            self.metrics.record_abort()
             self._deliver_finished(finished)
 
     def abort_all(self) -> None:
@@ -114,7 +117,7 @@ class AsyncEngine:
             if previous_end_s is not None and now_s - previous_end_s < MAX_CATCH_UP_S:
                 started_s = previous_end_s
             step = self.core.schedule(started_s)
-            self.metrics.record_preemptions(step.preemptions)
+            self.metrics.record_schedule(step)
             if step.is_empty:
                 # Only after preempting the whole batch; the next schedule admits again.
                 self.core.complete(step, now_s)

@@ -2,7 +2,8 @@
 
 For each point of engine_sim/calibration.py it starts an EngineSim on port 0 with the chosen
 profile and drives it over HTTP (aiohttp) with closed-loop clients, as the point says: per tenant
-`in_flight` clients, each sending a completion of `prompt_tokens` token ids with
+`in_flight` clients, each sending a completion of `prompt_tokens` token ids (seeded random, distinct
+for every request, so that the prefix cache never hits) with
 max_tokens = `output_tokens` and ignore_eos, non-streamed, and sending the next as soon as one
 completes. Each client's first request starts mid-cycle, at a different phase for each client:
 the output it would already have generated is added to its prompt and taken off its max_tokens,
@@ -42,6 +43,7 @@ from engine_sim.calibration import (
 )
 from engine_sim.profiles import DEFAULT_PROFILE, PROFILES, profile_named
 from engine_sim.server import EngineSim
+from engine_sim.tokens import synthetic_prompt_ids
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import EngineSimConfig
@@ -212,6 +214,7 @@ async def _run_point(
                                 load,
                                 _phase_tokens(load, index),
                                 tally,
+                                client=f"{load.tenant}-{index}",
                             ),
                         )
                 supervisor.spawn("lag-probe", probe.watch_lag())
@@ -272,10 +275,15 @@ async def _closed_loop_client(
     load: TenantLoad,
     phase_tokens: int,
     tally: _Tally,
+    *,
+    client: str,
 ) -> None:
     # Token ids, so the prompt is exactly as long as meant; with ignore_eos their values do not
-    # matter. The first request stands for one already phase_tokens into its output.
-    prompt = list(range(1, load.prompt_tokens + phase_tokens + 1))
+    # matter, but they differ from request to request, so that the prefix cache finds nothing to
+    # reuse, as in the study's measurements. The first request stands for one already
+    # phase_tokens into its output.
+    number = 0
+    prompt = list(synthetic_prompt_ids(f"{client}-{number}", load.prompt_tokens + phase_tokens))
     max_tokens = load.output_tokens - phase_tokens
     while True:
         body = {
@@ -298,7 +306,8 @@ async def _closed_loop_client(
         else:
             tally.completed_requests += 1
             tally.completed_tokens += output_tokens
-        prompt = prompt[: load.prompt_tokens]
+        number += 1
+        prompt = list(synthetic_prompt_ids(f"{client}-{number}", load.prompt_tokens))
         max_tokens = load.output_tokens
 
 

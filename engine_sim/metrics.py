@@ -3,7 +3,10 @@
 Names and buckets follow vllm/v1/metrics/loggers.py (PrometheusStatLogger). prometheus_client
 appends `_total` to counter samples, so counters are declared without it, exactly as vLLM declares
 them, and expose `vllm:prompt_tokens_total` etc. The `slotshift_sim_gpu_*` gauges stand in for the
-NVML readings an emulated engine has no GPU for; their help texts say they are emulated.
+NVML readings an emulated engine has no GPU for; their help texts say they are emulated. The
+`slotshift_engine_*` series are the emulator's own witnesses, which vLLM has no metric for: the
+high-water mark of requests inside the engine (the budget, checked exactly) and aborted requests
+(vLLM 0.32 counts an abort in no metric).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from engine_sim.engine_core import FinishedRequest, FinishReason, StepOutcome
+from engine_sim.engine_core import FinishedRequest, FinishReason, ScheduledStep, StepOutcome
 
 ENGINE_INDEX = "0"
 """The `engine` label of a single-engine (no data parallelism) vLLM server."""
@@ -32,6 +35,13 @@ REQUEST_LATENCY_BUCKETS_S = (
 )  # fmt: skip
 
 
+PEAK_IN_ENGINE = "slotshift_engine_peak_requests"
+"""The gauge of the high-water mark of requests inside the engine."""
+
+ABORTED_REQUESTS = "slotshift_engine_aborted_requests"
+"""The counter of aborted requests (a scrape shows it with `_total`)."""
+
+
 @dataclass(frozen=True)
 class LiveReadings:
     """Functions the gauges read at scrape time, so a scrape always sees the current state."""
@@ -43,6 +53,8 @@ class LiveReadings:
     gpu_utilization_percent: Callable[[], float]
     gpu_memory_used_bytes: Callable[[], float]
     gpu_memory_total_bytes: Callable[[], float]
+    peak_in_engine: Callable[[], float]
+    """The high-water mark of requests running plus waiting (EngineCore.peak_in_engine)."""
 
 
 class EngineMetrics:
@@ -90,6 +102,13 @@ class EngineMetrics:
             "Emulated GPU memory capacity (no real GPU is measured).",
             live.gpu_memory_total_bytes,
         )
+        gauge(
+            PEAK_IN_ENGINE,
+            "Most requests inside the engine (running plus waiting) at once, taken at every "
+            "request's arrival and every step's schedule, since start or the last "
+            "POST /sim/reset-peak.",
+            live.peak_in_engine,
+        )
 
         def counter(name: str, documentation: str) -> Counter:
             return Counter(name, documentation, labelnames, registry=self.registry).labels(*labels)
@@ -100,6 +119,18 @@ class EngineMetrics:
         self._prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self._generation_tokens = counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
+        )
+        self._prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self._prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
+        self._aborted = counter(
+            ABORTED_REQUESTS,
+            "Requests aborted inside the engine: their client went away (a paused request "
+            "included) or the emulator stopped.",
         )
         success = Counter(
             "vllm:request_success",
@@ -136,9 +167,18 @@ class EngineMetrics:
             REQUEST_LATENCY_BUCKETS_S,
         )
 
-    def record_preemptions(self, count: int) -> None:
-        if count:
-            self._preemptions.inc(count)
+    def record_schedule(self, step: ScheduledStep) -> None:
+        """Count a scheduled step's preemptions and prefix-cache lookups."""
+        if step.preemptions:
+            self._preemptions.inc(step.preemptions)
+        if step.prefix_cache_queries:
+            self._prefix_cache_queries.inc(step.prefix_cache_queries)
+        if step.prefix_cache_hits:
+            self._prefix_cache_hits.inc(step.prefix_cache_hits)
+
+    def record_abort(self) -> None:
+        """Count a request aborted inside the engine (in no vLLM metric: see AsyncEngine.abort)."""
+        self._aborted.inc()
 
     def record_step(self, outcome: StepOutcome) -> None:
         """Count a completed step's tokens and finished requests."""

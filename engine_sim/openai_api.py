@@ -13,7 +13,7 @@ from http import HTTPStatus
 from typing import Any, TypeGuard
 
 from engine_sim.profiles import effective_profile
-from engine_sim.tokens import count_chat_tokens, count_text_tokens
+from engine_sim.tokens import chat_token_ids, text_token_ids
 from slotshift.config import EngineSimConfig
 
 JsonObject = dict[str, Any]
@@ -54,16 +54,24 @@ class ApiError(Exception):
 class GenerationRequest:
     """A validated completion or chat-completion request."""
 
-    prompt_text: str
-    """The prompt as text (token ids joined), seeding the output and the pseudo-EOS."""
-    prompt_tokens: int
+    prompt_token_ids: tuple[int, ...]
+    """As given, or the text's (or the chat template's) ids (engine_sim/tokens.py)."""
     max_tokens: int
     ignore_eos: bool
+    min_tokens: int
+    """No pseudo-EOS before this many output tokens (vLLM's min_tokens, 0 by default)."""
+    return_token_ids: bool
+    """Return the prompt's and the output's token ids (vLLM's return_token_ids)."""
     stream: bool
     include_usage: bool
     """Send a final usage chunk (stream_options.include_usage)."""
     continuous_usage: bool
     """Send usage in every chunk (stream_options.continuous_usage_stats, a vLLM extension)."""
+
+    @property
+    def prompt_tokens(self) -> int:
+        """How many prompt tokens it has (its usage's prompt_tokens)."""
+        return len(self.prompt_token_ids)
 
 
 def parse_json_body(raw: bytes) -> JsonObject:
@@ -80,20 +88,20 @@ def parse_json_body(raw: bytes) -> JsonObject:
 def parse_completion_request(body: JsonObject, config: EngineSimConfig) -> GenerationRequest:
     """Validate a /v1/completions body."""
     _check_common(body, config)
-    prompt_text, prompt_tokens = _completion_prompt(body.get("prompt"))
+    prompt_token_ids = _completion_prompt(body.get("prompt"))
     max_tokens = _optional_int(body, "max_tokens")
-    return _generation_request(body, config, prompt_text, prompt_tokens, max_tokens)
+    return _generation_request(body, config, prompt_token_ids, max_tokens)
 
 
 def parse_chat_request(body: JsonObject, config: EngineSimConfig) -> GenerationRequest:
     """Validate a /v1/chat/completions body."""
     _check_common(body, config)
-    texts = _chat_texts(body.get("messages"))
+    messages = _chat_messages(body.get("messages"))
     max_completion_tokens = _optional_int(body, "max_completion_tokens")
     max_tokens = _optional_int(body, "max_tokens")
     # vLLM: max_completion_tokens (the newer name) wins over the deprecated max_tokens.
     requested = max_completion_tokens if max_completion_tokens is not None else max_tokens
-    return _generation_request(body, config, "\n".join(texts), count_chat_tokens(texts), requested)
+    return _generation_request(body, config, chat_token_ids(messages), requested)
 
 
 def _check_common(body: JsonObject, config: EngineSimConfig) -> None:
@@ -112,12 +120,13 @@ def _check_common(body: JsonObject, config: EngineSimConfig) -> None:
 def _generation_request(
     body: JsonObject,
     config: EngineSimConfig,
-    prompt_text: str,
-    prompt_tokens: int,
+    prompt_token_ids: tuple[int, ...],
     requested_max_tokens: int | None,
 ) -> GenerationRequest:
+    prompt_tokens = len(prompt_token_ids)
     stream = _optional_bool(body, "stream") or False
     ignore_eos = _optional_bool(body, "ignore_eos") or False
+    return_token_ids = _optional_bool(body, "return_token_ids") or False
     include_usage, continuous_usage = _stream_options(body.get("stream_options"), stream)
     if requested_max_tokens is not None and requested_max_tokens < 1:
         raise ApiError(
@@ -145,29 +154,42 @@ def _generation_request(
                 "of the messages or completion.",
             )
         max_tokens = requested_max_tokens
+    min_tokens = _optional_int(body, "min_tokens") or 0
+    # vLLM's SamplingParams checks, with its messages.
+    if min_tokens < 0:
+        raise ApiError(
+            HTTPStatus.BAD_REQUEST,
+            f"min_tokens must be greater than or equal to 0, got {min_tokens}.",
+        )
+    if min_tokens > max_tokens:
+        raise ApiError(
+            HTTPStatus.BAD_REQUEST,
+            f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {min_tokens}.",
+        )
     return GenerationRequest(
-        prompt_text=prompt_text,
-        prompt_tokens=prompt_tokens,
+        prompt_token_ids=prompt_token_ids,
         max_tokens=max_tokens,
         ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
+        return_token_ids=return_token_ids,
         stream=stream,
         include_usage=include_usage,
         continuous_usage=continuous_usage,
     )
 
 
-def _completion_prompt(prompt: object) -> tuple[str, int]:
+def _completion_prompt(prompt: object) -> tuple[int, ...]:
     if isinstance(prompt, str):
-        return prompt, count_text_tokens(prompt)
+        return text_token_ids(prompt)
     if isinstance(prompt, list) and len(prompt) == 1:
         # A batch of one prompt, as clients that always send lists do.
         (only,) = prompt
         if isinstance(only, str):
-            return only, count_text_tokens(only)
+            return text_token_ids(only)
         if _is_token_ids(only):
-            return _token_ids_prompt(only)
+            return tuple(only)
     if _is_token_ids(prompt):
-        return _token_ids_prompt(prompt)
+        return tuple(prompt)
     raise ApiError(
         HTTPStatus.BAD_REQUEST,
         "prompt must be a string or a list of token ids (the emulator serves one prompt per "
@@ -184,16 +206,12 @@ def _is_token_ids(value: object) -> TypeGuard[list[int]]:
     )
 
 
-def _token_ids_prompt(token_ids: list[int]) -> tuple[str, int]:
-    return ",".join(str(t) for t in token_ids), len(token_ids)
-
-
-def _chat_texts(messages: object) -> list[str]:
+def _chat_messages(messages: object) -> list[tuple[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise ApiError(
             HTTPStatus.BAD_REQUEST, "messages must be a non-empty list.", param="messages"
         )
-    texts: list[str] = []
+    parsed: list[tuple[str, str]] = []
     for message in messages:
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(
@@ -201,8 +219,8 @@ def _chat_texts(messages: object) -> list[str]:
                 "each message must be an object with a string role.",
                 param="messages",
             )
-        texts.append(_message_text(message.get("content")))
-    return texts
+        parsed.append((message["role"], _message_text(message.get("content"))))
+    return parsed
 
 
 def _message_text(content: object) -> str:
@@ -270,24 +288,45 @@ def _optional_bool(body: JsonObject, name: str, *, param: str | None = None) -> 
 
 
 # --- responses ------------------------------------------------------------------------------
+#
+# The token-id fields follow vLLM 0.32 (entrypoints/openai/completion/serving.py and
+# chat_completion/serving.py): they are always present where vLLM sets them explicitly, null
+# unless the request asked for return_token_ids. A completion carries choices[i].token_ids (and,
+# on the first chunk with output, choices[i].prompt_token_ids); a chat carries the top-level
+# prompt_token_ids (on its role chunk when streamed) and choices[i].token_ids.
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> JsonObject:
+def usage(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> JsonObject:
+    """A response's usage as vLLM dumps it whole; cached_tokens (None unless vLLM's
+    --enable-prompt-tokens-details) fills prompt_tokens_details."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None,
+        "prompt_tokens_details": None
+        if cached_tokens is None
+        else {
+            "cached_tokens": cached_tokens,
+            "created_cache_tokens": None,
+            "multimodal_tokens": None,
+        },
     }
 
 
-def _usage_in_chunk(prompt_tokens: int, completion_tokens: int) -> JsonObject:
+def _usage_in_chunk(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+) -> JsonObject:
     # vLLM drops None fields from usage in stream chunks.
-    return {
+    chunk_usage: JsonObject = {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
+    if cached_tokens is not None:
+        chunk_usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return chunk_usage
 
 
 @dataclass(frozen=True)
@@ -317,8 +356,13 @@ def full_response(
     finish_reason: str,
     prompt_tokens: int,
     completion_tokens: int,
+    token_ids: list[int] | None = None,
+    prompt_token_ids: list[int] | None = None,
+    cached_tokens: int | None = None,
 ) -> JsonObject:
-    """A non-streamed response: the whole output in one choice, with usage."""
+    """A non-streamed response: the whole output in one choice, with usage. token_ids and
+    prompt_token_ids: None unless the request asked for return_token_ids; cached_tokens: None
+    unless prompt tokens details are enabled."""
     choice: JsonObject
     if identity.chat:
         choice = {
@@ -336,6 +380,7 @@ def full_response(
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "token_ids": token_ids,
         }
     else:
         choice = {
@@ -344,24 +389,36 @@ def full_response(
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "token_ids": token_ids,
             "prompt_logprobs": None,
+            "prompt_token_ids": prompt_token_ids,
         }
     response = identity.envelope(chunk=False)
     response.update(
         choices=[choice],
-        usage=usage(prompt_tokens, completion_tokens),
+        usage=usage(prompt_tokens, completion_tokens, cached_tokens),
         system_fingerprint=None,
         service_tier=None,
         kv_transfer_params=None,
     )
     if identity.chat:
         response["prompt_logprobs"] = None
+        response["prompt_token_ids"] = prompt_token_ids
     return response
 
 
-def role_chunk(identity: ResponseIdentity, usage_so_far: tuple[int, int] | None) -> JsonObject:
-    """The chunk that opens a chat stream: the assistant's role and no text yet."""
-    return _chat_chunk(identity, {"role": "assistant", "content": ""}, None, usage_so_far)
+def role_chunk(
+    identity: ResponseIdentity,
+    usage_so_far: tuple[int, int] | None,
+    prompt_token_ids: list[int] | None = None,
+) -> JsonObject:
+    """The chunk that opens a chat stream: the assistant's role and no text yet; it carries the
+    prompt's ids when the request asked for return_token_ids (else null)."""
+    chunk = _chat_chunk(identity, {"role": "assistant", "content": ""}, None, usage_so_far, None)
+    del chunk["choices"][0]["token_ids"]  # vLLM does not set it on the role chunk
+    chunk["prompt_token_ids"] = prompt_token_ids
+    chunk["prompt_text"] = None
+    return chunk
 
 
 def token_chunk(
@@ -370,10 +427,17 @@ def token_chunk(
     text: str,
     finish_reason: str | None,
     usage_so_far: tuple[int, int] | None,
+    token_ids: list[int] | None = None,
+    prompt_token_ids: list[int] | None = None,
 ) -> JsonObject:
-    """The chunk carrying one output token; the last one carries the finish reason too."""
+    """The chunk carrying output tokens; the last one carries the finish reason too.
+
+    token_ids: the chunk's token ids when the request asked for return_token_ids (else None);
+    prompt_token_ids: a completion's prompt ids, on its first chunk with output only (else None;
+    a chat's are on its role chunk).
+    """
     if identity.chat:
-        return _chat_chunk(identity, {"content": text}, finish_reason, usage_so_far)
+        return _chat_chunk(identity, {"content": text}, finish_reason, usage_so_far, token_ids)
     chunk = identity.envelope(chunk=True)
     chunk["choices"] = [
         {
@@ -382,6 +446,8 @@ def token_chunk(
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
+            "prompt_token_ids": prompt_token_ids,
+            "token_ids": token_ids,
         }
     ]
     # vLLM serialises completion chunks with every field, chat chunks without unset ones.
@@ -394,11 +460,13 @@ def _chat_chunk(
     delta: JsonObject,
     finish_reason: str | None,
     usage_so_far: tuple[int, int] | None,
+    token_ids: list[int] | None,
 ) -> JsonObject:
     choice: JsonObject = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
     if finish_reason is not None:
         choice["finish_reason"] = finish_reason
         choice["stop_reason"] = None
+    choice["token_ids"] = token_ids
     chunk = identity.envelope(chunk=True)
     chunk["choices"] = [choice]
     if usage_so_far is not None:
@@ -407,12 +475,17 @@ def _chat_chunk(
 
 
 def usage_chunk(
-    identity: ResponseIdentity, *, prompt_tokens: int, completion_tokens: int
+    identity: ResponseIdentity,
+    *,
+    prompt_tokens: int,
+    completion_tokens: int,
+    cached_tokens: int | None = None,
 ) -> JsonObject:
-    """The last chunk stream_options.include_usage asks for: no choices, the request's usage."""
+    """The last chunk stream_options.include_usage asks for: no choices, the request's usage
+    (with prompt_tokens_details.cached_tokens when cached_tokens is not None)."""
     chunk = identity.envelope(chunk=True)
     chunk["choices"] = []
-    chunk["usage"] = _usage_in_chunk(prompt_tokens, completion_tokens)
+    chunk["usage"] = _usage_in_chunk(prompt_tokens, completion_tokens, cached_tokens)
     return chunk
 
 

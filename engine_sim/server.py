@@ -1,9 +1,14 @@
 """The emulator's HTTP server: vLLM's OpenAI-compatible API and /metrics over an AsyncEngine.
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streamed or not), GET /v1/models,
-/health, /version and /metrics. A request whose client goes away is aborted in the engine, as
-vLLM does: the server runs with aiohttp's handler cancellation, so a vanished client cancels its
-handler even while it only waits for tokens, and the handler's `finally` aborts the request.
+/health, /version and /metrics; and the emulator's own: POST /sim/reset-peak (restart the
+high-water mark of requests inside the engine) and /sim/chat-script. A request whose client goes
+away is aborted in the engine, as vLLM does: the server runs with aiohttp's handler cancellation,
+so a vanished client cancels its handler even while it only waits for tokens, and the handler's
+`finally` aborts the request. That is how a gateway pauses a streamed request; it resumes it with
+a completion whose prompt is the prompt's ids plus the output's (return_token_ids gives both),
+which generates what the paused request would have (engine_sim/tokens.py) and finds its computed
+blocks in the prefix cache (engine_sim/engine_core.py).
 """
 
 from __future__ import annotations
@@ -18,11 +23,11 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine_sim import openai_api
 from engine_sim.chat_script import ChatScript, ChatScriptError, ScriptedReply
-from engine_sim.engine_core import FinishReason, RequestSpec
+from engine_sim.engine_core import FinishedRequest, FinishReason, RequestSpec
 from engine_sim.engine_loop import AsyncEngine, RequestStream
 from engine_sim.openai_api import ApiError, GenerationRequest, ResponseIdentity
 from engine_sim.profiles import EngineProfile
-from engine_sim.tokens import filler_token, pseudo_eos_position, seed_of
+from engine_sim.tokens import token_text
 from engine_sim.tracing import llm_request_span, record_finished
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
@@ -94,9 +99,10 @@ class EngineSim:
         """Most requests inside the server (running + waiting) at once since start or reset."""
         return self._engine.core.peak_in_engine
 
-    def reset_peak(self) -> None:
-        """Start measuring peak_in_server afresh from the present number of requests."""
-        self._engine.core.reset_peak()
+    def reset_peak(self) -> int:
+        """Start measuring peak_in_server afresh from the present number of requests; returns the
+        peak that ended."""
+        return self._engine.core.reset_peak()
 
     @property
     def completed_count(self) -> int:
@@ -125,6 +131,7 @@ class EngineSim:
                 web.get("/health", self._health),
                 web.get("/version", self._version),
                 web.get("/metrics", self._metrics),
+                web.post("/sim/reset-peak", self._reset_peak),
                 web.post("/sim/chat-script", self._script_chat),
                 web.delete("/sim/chat-script", self._clear_chat_script),
             ]
@@ -218,6 +225,10 @@ class EngineSim:
             return _error_response(ApiError(HTTPStatus.BAD_REQUEST, str(exc)))
         return web.json_response({"queued": queued})
 
+    async def _reset_peak(self, _: web.Request) -> web.Response:
+        ended = self.reset_peak()
+        return web.json_response({"peak": ended, "in_engine": self._engine.core.num_in_engine})
+
     async def _clear_chat_script(self, _: web.Request) -> web.Response:
         self.chat_script.clear()
         return web.json_response({"queued": 0})
@@ -235,24 +246,28 @@ class EngineSim:
             return _error_response(exc)
 
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        seed = seed_of(generation.prompt_text)
-        stop_after = (
-            None
-            if generation.ignore_eos
-            else pseudo_eos_position(seed, self._config.pseudo_eos_max_tokens)
-        )
         model = self.profile.model_name
         with llm_request_span(
             self._tracer, request.headers, request_id=request_id, model=model, generation=generation
         ) as span:
             stream = self._engine.submit(
-                RequestSpec(request_id, generation.prompt_tokens, generation.max_tokens, stop_after)
+                RequestSpec(
+                    request_id,
+                    generation.prompt_token_ids,
+                    generation.max_tokens,
+                    ignore_eos=generation.ignore_eos,
+                    min_tokens=generation.min_tokens,
+                )
             )
-            reply = _Reply(ResponseIdentity(request_id, int(self._clock.wall()), model, chat), seed)
+            reply = _Reply(
+                ResponseIdentity(request_id, int(self._clock.wall()), model, chat),
+                generation,
+                details=self._config.enable_prompt_tokens_details,
+            )
             try:
                 if generation.stream:
-                    return await reply.stream(request, generation, stream)
-                return await reply.collect(generation, stream)
+                    return await reply.stream(request, stream)
+                return await reply.collect(stream)
             finally:
                 # No-op when the request finished; otherwise its client is gone (or the handler
                 # was cancelled), and vLLM frees the request's batch slot and KV blocks at once.
@@ -261,14 +276,28 @@ class EngineSim:
 
 
 class _Reply:
-    """Turns one request's token stream into vLLM's response or its server-sent events."""
+    """Turns one request's token stream into vLLM's response or its server-sent events.
 
-    def __init__(self, identity: ResponseIdentity, seed: int) -> None:
+    details: report the cached prompt tokens in usage (vLLM's --enable-prompt-tokens-details).
+    """
+
+    def __init__(
+        self, identity: ResponseIdentity, generation: GenerationRequest, *, details: bool
+    ) -> None:
         self._identity = identity
-        self._seed = seed
+        self._generation = generation
+        self._details = details
 
-    async def collect(self, generation: GenerationRequest, stream: RequestStream) -> web.Response:
-        texts = [filler_token(self._seed, token.index) async for token in stream.tokens()]
+    def _prompt_ids(self) -> list[int] | None:
+        if not self._generation.return_token_ids:
+            return None
+        return list(self._generation.prompt_token_ids)
+
+    def _cached_tokens(self, finished: FinishedRequest) -> int | None:
+        return finished.cached_tokens if self._details else None
+
+    async def collect(self, stream: RequestStream) -> web.Response:
+        token_ids = [token.token_id async for token in stream.tokens()]
         finished = stream.finished
         if finished is None or finished.reason is FinishReason.ABORT:
             return _error_response(
@@ -277,16 +306,17 @@ class _Reply:
         return web.json_response(
             openai_api.full_response(
                 self._identity,
-                text="".join(texts),
+                text="".join(token_text(token_id) for token_id in token_ids),
                 finish_reason=finished.reason.value,
-                prompt_tokens=generation.prompt_tokens,
+                prompt_tokens=self._generation.prompt_tokens,
                 completion_tokens=finished.output_tokens,
+                token_ids=token_ids if self._generation.return_token_ids else None,
+                prompt_token_ids=self._prompt_ids(),
+                cached_tokens=self._cached_tokens(finished),
             )
         )
 
-    async def stream(
-        self, request: web.Request, generation: GenerationRequest, stream: RequestStream
-    ) -> web.StreamResponse:
+    async def stream(self, request: web.Request, stream: RequestStream) -> web.StreamResponse:
         response = web.StreamResponse(
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",
@@ -298,22 +328,30 @@ class _Reply:
         except ConnectionResetError:
             # The client left before the first byte; the caller aborts the request in the engine.
             return response
+        generation = self._generation
         prompt_tokens = generation.prompt_tokens
         continuous = generation.continuous_usage
+        with_ids = generation.return_token_ids
         try:
             if self._identity.chat:
                 opening = openai_api.role_chunk(
-                    self._identity, (prompt_tokens, 0) if continuous else None
+                    self._identity,
+                    (prompt_tokens, 0) if continuous else None,
+                    prompt_token_ids=self._prompt_ids(),
                 )
                 await response.write(openai_api.sse_event(opening))
             async for token in stream.tokens():
                 chunk = openai_api.token_chunk(
                     self._identity,
-                    text=filler_token(self._seed, token.index),
+                    text=token_text(token.token_id),
                     finish_reason=None
                     if token.finish_reason is None
                     else token.finish_reason.value,
                     usage_so_far=(prompt_tokens, token.index + 1) if continuous else None,
+                    token_ids=[token.token_id] if with_ids else None,
+                    prompt_token_ids=self._prompt_ids()
+                    if token.index == 0 and not self._identity.chat
+                    else None,
                 )
                 await response.write(openai_api.sse_event(chunk))
             finished = stream.finished
@@ -324,6 +362,7 @@ class _Reply:
                     self._identity,
                     prompt_tokens=prompt_tokens,
                     completion_tokens=finished.output_tokens,
+                    cached_tokens=self._cached_tokens(finished),
                 )
                 await response.write(openai_api.sse_event(final))
             await response.write(openai_api.sse_event("[DONE]"))

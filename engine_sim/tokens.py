@@ -1,30 +1,65 @@
-"""Tokens without a tokenizer: deterministic counts, filler text and a pseudo end-of-sequence.
+"""Tokens without a tokenizer: deterministic ids, a context-driven next token and a pseudo-EOS.
 
-The emulator must answer the same request the same way every time, and count tokens roughly as a
-real BPE tokenizer would, without loading one:
-- a text counts ceil(characters / 4) tokens, at least 1 (English averages about 4 characters per
-  token under the common BPE vocabularies);
-- a chat conversation counts its messages' text plus a fixed template overhead per message and
-  for the assistant turn that the template opens (as ChatML-style templates add);
-- generated text is a fixed cycle of short words, each one token, offset by the request's seed;
-- without ignore_eos a request ends at a pseudo-EOS: 1 + (seed mod pseudo_eos_max_tokens) output
-  tokens, where the seed is the CRC-32 of the prompt (so the same prompt always stops at the same
-  place, and different prompts spread uniformly).
+The emulator must answer the same request the same way every time, count tokens roughly as a real
+BPE tokenizer would without loading one, and continue a request exactly: a request whose prompt is
+another's prompt plus the tokens it generated must generate what that other would have generated
+next (a paused request is resumed that way). Hence every output is a function of the context:
+- a text has ceil(characters / 4) tokens, at least 1 (English averages about 4 characters per
+  token under the common BPE vocabularies): one id per 4-character chunk, from the chunk's CRC-32;
+- a chat conversation is each message's template tokens (a message start, its role, a newline,
+  then its text, then a message end: CHAT_TOKENS_PER_MESSAGE around the text) and the template
+  tokens that open the assistant's reply (CHAT_TOKENS_FOR_REPLY), as ChatML-style templates are;
+- the context (prompt ids, then each output id as it is sampled) is folded into a polynomial
+  rolling hash modulo the Mersenne prime 2^61 - 1; the next token is a mix of that hash, modulo
+  the vocabulary. Being incremental, the hash of prompt + output equals the hash of a prompt that
+  is the two joined, so a continuation samples the same tokens;
+- without ignore_eos, each sampled token is the pseudo-EOS with probability 1 / mean (a second mix
+  of the same hash, so also a function of the context), but never before `min_tokens` output
+  tokens. The output length is then geometric (memoryless: a continuation cannot know how long the
+  request already ran) with mean pseudo_eos_mean_tokens(max) = (max + 1) / 2, the mean of the
+  uniform 1..max law the emulator used before. The EOS token counts as an output token and has no
+  text, as in vLLM;
+- a token's text is a short filler word chosen by its id (the EOS's is empty).
+
+The same hash, taken at each full KV block's boundary, names that block for the prefix cache
+(engine_sim/engine_core.py): two contexts share a cached block exactly when they share every token
+up to its end.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import zlib
+from collections.abc import Iterable, Sequence
 
 CHARS_PER_TOKEN = 4
 """Characters one token stands for in the approximation."""
 
 CHAT_TOKENS_PER_MESSAGE = 4
-"""Template tokens around each chat message (role header, separators)."""
+"""Template tokens around each chat message (start, role, newline; end)."""
 
 CHAT_TOKENS_FOR_REPLY = 3
-"""Template tokens that open the assistant's reply."""
+"""Template tokens that open the assistant's reply (start, role, newline)."""
+
+VOCAB_SIZE = 32000
+"""Token ids the emulator samples lie in 0..VOCAB_SIZE - 1 (a Llama-sized vocabulary)."""
+
+EOS_TOKEN_ID = 2
+"""The pseudo end-of-sequence token: sampled only as the EOS, its text is empty."""
+
+MESSAGE_START_ID = 3
+MESSAGE_END_ID = 4
+NEWLINE_ID = 5
+_FIRST_ORDINARY_ID = 6
+"""Ids below this are special (EOS and the chat template's); text and output use the rest."""
+
+_HASH_MODULUS = (1 << 61) - 1
+_HASH_BASE = 1_000_003
+_MASK64 = (1 << 64) - 1
+_EOS_SALT = 0x5EED_E05
+CONTEXT_HASH_START = 0
+"""The rolling hash of an empty context."""
 
 _FILLER_WORDS = (
     " the",
@@ -63,16 +98,109 @@ def count_chat_tokens(message_texts: list[str]) -> int:
     )
 
 
-def seed_of(prompt: str) -> int:
-    """The request's seed: CRC-32 of its prompt text (stable across runs and processes)."""
-    return zlib.crc32(prompt.encode("utf-8"))
+def _ordinary_id(data: bytes) -> int:
+    return _FIRST_ORDINARY_ID + zlib.crc32(data) % (VOCAB_SIZE - _FIRST_ORDINARY_ID)
 
 
-def filler_token(seed: int, index: int) -> str:
-    """The text of output token `index` (0-based) of the request with `seed`."""
-    return _FILLER_WORDS[(seed + index) % len(_FILLER_WORDS)]
+def text_token_ids(text: str) -> tuple[int, ...]:
+    """The ids of `text`: one per 4-character chunk (count_text_tokens of them), stable across
+    runs and processes; an empty text is one token."""
+    if not text:
+        return (_ordinary_id(b""),)
+    return tuple(
+        _ordinary_id(text[start : start + CHARS_PER_TOKEN].encode("utf-8"))
+        for start in range(0, len(text), CHARS_PER_TOKEN)
+    )
 
 
-def pseudo_eos_position(seed: int, pseudo_eos_max_tokens: int) -> int:
-    """Output tokens after which the request with `seed` stops by itself (1..max inclusive)."""
-    return 1 + seed % pseudo_eos_max_tokens
+def chat_token_ids(messages: Sequence[tuple[str, str]]) -> tuple[int, ...]:
+    """The ids of a chat prompt of (role, text) messages, template included, opened for the
+    assistant's reply: count_chat_tokens of the texts, as many."""
+    ids: list[int] = []
+    for role, text in messages:
+        ids += (MESSAGE_START_ID, _ordinary_id(role.encode("utf-8")), NEWLINE_ID)
+        ids += text_token_ids(text)
+        ids.append(MESSAGE_END_ID)
+    ids += (MESSAGE_START_ID, _ordinary_id(b"assistant"), NEWLINE_ID)
+    return tuple(ids)
+
+
+def synthetic_prompt_ids(key: str, length: int) -> tuple[int, ...]:
+    """`length` ordinary ids drawn from a generator seeded by `key`: distinct keys give prompts
+    that share no prefix (so no prefix-cache hit), the same key the same prompt."""
+    rng = random.Random(key)
+    return tuple(rng.randrange(_FIRST_ORDINARY_ID, VOCAB_SIZE) for _ in range(length))
+
+
+def extend_hash(state: int, token_id: int) -> int:
+    """The context hash after appending `token_id` to a context whose hash is `state`."""
+    return (state * _HASH_BASE + token_id + 1) % _HASH_MODULUS
+
+
+def context_hash(token_ids: Iterable[int], state: int = CONTEXT_HASH_START) -> int:
+    """The hash of a context: `token_ids` appended, one by one, to the context of `state`."""
+    for token_id in token_ids:
+        state = (state * _HASH_BASE + token_id + 1) % _HASH_MODULUS
+    return state
+
+
+def _mix(value: int) -> int:
+    # splitmix64's finaliser: neighbouring hashes give unrelated draws.
+    value = (value + 0x9E3779B97F4A7C15) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def next_token_id(state: int) -> int:
+    """The ordinary token sampled after a context whose hash is `state`."""
+    return _FIRST_ORDINARY_ID + _mix(state) % (VOCAB_SIZE - _FIRST_ORDINARY_ID)
+
+
+def pseudo_eos_mean_tokens(pseudo_eos_max_tokens: int) -> float:
+    """Mean output length without ignore_eos: (max + 1) / 2, as the former uniform 1..max law."""
+    return (pseudo_eos_max_tokens + 1) / 2
+
+
+def eos_threshold(mean_output_tokens: float) -> int:
+    """The draw below which the pseudo-EOS is sampled: probability 1 / mean per token (mean >= 1;
+    a mean of 1 stops every request at its first token that may be the EOS)."""
+    if mean_output_tokens < 1:
+        raise ValueError(f"the mean output length must be at least 1, got {mean_output_tokens}")
+    return math.ceil((_MASK64 + 1) / mean_output_tokens)
+
+
+def eos_sampled(state: int, threshold: int) -> bool:
+    """Whether the token sampled after the context of `state` is the pseudo-EOS (when the EOS is
+    allowed there: not ignore_eos, min_tokens reached)."""
+    return _mix(state ^ _EOS_SALT) < threshold
+
+
+def token_text(token_id: int) -> str:
+    """The text of a token id: a filler word, empty for the EOS."""
+    if token_id == EOS_TOKEN_ID:
+        return ""
+    return _FILLER_WORDS[token_id % len(_FILLER_WORDS)]
+
+
+def reference_output_ids(
+    prompt_token_ids: Sequence[int],
+    max_tokens: int,
+    *,
+    ignore_eos: bool = False,
+    min_tokens: int = 0,
+    pseudo_eos_max_tokens: int = 1024,
+) -> list[int]:
+    """The output ids of a request as the emulator samples them (the EOS last when it stops),
+    computed without an engine: what tests and clients check a stream against."""
+    threshold = eos_threshold(pseudo_eos_mean_tokens(pseudo_eos_max_tokens))
+    state = context_hash(prompt_token_ids)
+    output: list[int] = []
+    while len(output) < max_tokens:
+        if not ignore_eos and len(output) >= min_tokens and eos_sampled(state, threshold):
+            output.append(EOS_TOKEN_ID)
+            break
+        token_id = next_token_id(state)
+        output.append(token_id)
+        state = extend_hash(state, token_id)
+    return output

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from engine_sim.engine_core import EngineCore, RequestSpec
 from engine_sim.profiles import DEFAULT_PROFILE, PROFILES
+from engine_sim.tokens import synthetic_prompt_ids
 from slotshift.bench.stats import percentile
 from slotshift.config import EngineSimConfig
 
@@ -111,7 +112,10 @@ def measure_point(
     def submit(tenant: str, prompt: int, output: int, at_s: float) -> None:
         nonlocal counter
         counter += 1
-        core.add_request(RequestSpec(f"{tenant}-{counter}", prompt, output, None), at_s)
+        request_id = f"{tenant}-{counter}"
+        # Distinct prompts: the prefix cache must not turn a repeated prompt into a free prefill.
+        ids = synthetic_prompt_ids(request_id, prompt)
+        core.add_request(RequestSpec(request_id, ids, output, ignore_eos=True), at_s)
 
     def submit_batch(at_s: float) -> None:
         output = rng.randint(setup.batch_min_output_tokens, setup.batch_max_output_tokens)

@@ -18,6 +18,8 @@ CLAIMED_VLLM_METRICS = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
     "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
     "vllm:request_success_total",
     "vllm:time_to_first_token_seconds",
     "vllm:inter_token_latency_seconds",

@@ -16,6 +16,7 @@ from engine_sim.calibration import (
 from engine_sim.engine_core import EngineCore, RequestSpec
 from engine_sim.profiles import DEFAULT_PROFILE, PROFILES, StepCosts
 from engine_sim.step_fit import fit_step_costs, residuals
+from engine_sim.tokens import synthetic_prompt_ids
 from slotshift.clock import ManualClock
 from slotshift.config import EngineSimConfig
 
@@ -116,7 +117,10 @@ def closed_loop_throughput(calibration: CalibrationPoint, steps: int, skip: int)
             # As the fidelity clients start: mid-cycle, the tokens already generated as prompt.
             done = index * load.output_tokens // load.in_flight
             first = RequestSpec(
-                request_id, load.prompt_tokens + done, load.output_tokens - done, None
+                request_id,
+                synthetic_prompt_ids(request_id, load.prompt_tokens + done),
+                load.output_tokens - done,
+                ignore_eos=True,
             )
             core.add_request(first, 0.0)
     refills: list[RequestSpec] = []
@@ -137,7 +141,8 @@ def closed_loop_throughput(calibration: CalibrationPoint, steps: int, skip: int)
             slot, count = finished.request_id.rsplit("-", 1)
             request_id = f"{slot}-{int(count) + 1}"
             loads[request_id] = load
-            refills.append(RequestSpec(request_id, load.prompt_tokens, load.output_tokens, None))
+            prompt = synthetic_prompt_ids(request_id, load.prompt_tokens)
+            refills.append(RequestSpec(request_id, prompt, load.output_tokens, ignore_eos=True))
     return tokens / (clock.monotonic() - started_s)
 
 

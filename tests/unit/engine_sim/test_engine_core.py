@@ -15,6 +15,7 @@ from engine_sim.engine_core import (
     StepOutcome,
     TokenEmitted,
 )
+from engine_sim.tokens import EOS_TOKEN_ID, synthetic_prompt_ids
 from slotshift.clock import ManualClock
 from slotshift.config import EngineSimConfig
 
@@ -36,9 +37,21 @@ def make_config(**overrides: Any) -> EngineSimConfig:
 
 
 def spec(
-    request_id: str, prompt: int = 16, max_tokens: int = 8, stop_after: int | None = None
+    request_id: str,
+    prompt: int = 16,
+    max_tokens: int = 8,
+    *,
+    ignore_eos: bool = True,
+    min_tokens: int = 0,
 ) -> RequestSpec:
-    return RequestSpec(request_id, prompt, max_tokens, stop_after)
+    """A request with a prompt of `prompt` ids of its own (no prefix shared with another's)."""
+    return RequestSpec(
+        request_id,
+        synthetic_prompt_ids(request_id, prompt),
+        max_tokens,
+        ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
+    )
 
 
 def run_step(core: EngineCore, clock: ManualClock) -> StepOutcome:
@@ -196,22 +209,48 @@ def test_ignore_eos_yields_exactly_max_tokens_and_ends_with_length() -> None:
     }
 
 
+def test_pseudo_eos_ends_requests_with_stop_after_a_geometric_number_of_tokens() -> None:
+    # pseudo_eos_max_tokens 9: each token is the EOS with probability 1/5, mean length 5.
+    core, clock = EngineCore(make_config(pseudo_eos_max_tokens=9)), ManualClock()
+    for i in range(400):
+        core.add_request(spec(f"r{i}", max_tokens=60, ignore_eos=False), clock.monotonic())
+
+    tokens, finished = run_until_idle(core, clock)
+
+    lengths = [f.output_tokens for f in finished]
+    assert sum(lengths) / len(lengths) == pytest.approx(5.0, rel=0.15)
+    assert min(lengths) == 1
+    assert max(lengths) > 9  # memoryless: no cap at pseudo_eos_max_tokens
+    stopped = [f for f in finished if f.reason is FinishReason.STOP]
+    assert len(stopped) == len(finished)  # (4/5)^60: none should reach max_tokens
+    last = {t.request_id: t for t in tokens if t.finish_reason is not None}
+    assert {t.token_id for t in last.values()} == {EOS_TOKEN_ID}
+    assert all(t.token_id != EOS_TOKEN_ID for t in tokens if t.finish_reason is None)
+
+
 @pytest.mark.parametrize(
-    ("stop_after", "max_tokens", "expected"),
+    ("min_tokens", "max_tokens"),
     [
-        pytest.param(3, 10, (3, FinishReason.STOP), id="eos-before-max-tokens"),
-        pytest.param(10, 10, (10, FinishReason.STOP), id="eos-on-the-last-allowed-token"),
-        pytest.param(50, 10, (10, FinishReason.LENGTH), id="max-tokens-first"),
+        pytest.param(0, 10, id="no-minimum"),
+        pytest.param(7, 10, id="minimum-below-max-tokens"),
+        pytest.param(10, 10, id="minimum-equal-to-max-tokens"),
     ],
 )
-def test_pseudo_eos_ends_a_request_early_with_stop(
-    stop_after: int, max_tokens: int, expected: tuple[int, FinishReason]
-) -> None:
-    core, clock = EngineCore(make_config()), ManualClock()
-    core.add_request(spec("r", max_tokens=max_tokens, stop_after=stop_after), clock.monotonic())
+def test_min_tokens_holds_the_pseudo_eos_back(min_tokens: int, max_tokens: int) -> None:
+    # Every token may be the EOS (mean 1), so each request stops at its first chance.
+    core, clock = EngineCore(make_config(pseudo_eos_max_tokens=1)), ManualClock()
+    core.add_request(
+        spec("r", max_tokens=max_tokens, ignore_eos=False, min_tokens=min_tokens),
+        clock.monotonic(),
+    )
 
     _, finished = run_until_idle(core, clock)
 
+    expected = (
+        (min_tokens + 1, FinishReason.STOP)
+        if min_tokens < max_tokens
+        else (max_tokens, FinishReason.LENGTH)
+    )
     assert [(f.output_tokens, f.reason) for f in finished] == [expected]
 
 
@@ -299,7 +338,7 @@ def test_peak_counts_requests_inside_the_engine_until_reset() -> None:
     run_until_idle(core, clock)
 
     assert core.peak_in_engine == 5
-    core.reset_peak()
+    assert core.reset_peak() == 5
     assert core.peak_in_engine == 0
     core.add_request(spec("later"), clock.monotonic())
     assert core.peak_in_engine == 1
@@ -323,6 +362,7 @@ def test_a_step_must_complete_before_the_next_is_scheduled() -> None:
         pytest.param(spec("r", prompt=4000, max_tokens=97), "max_model_len", id="too-long"),
         pytest.param(spec("r", prompt=0), "at least one", id="empty-prompt"),
         pytest.param(spec("r", max_tokens=0), "at least one", id="no-output"),
+        pytest.param(spec("r", max_tokens=4, min_tokens=5), "min_tokens", id="min-above-max"),
     ],
 )
 def test_requests_that_could_never_run_are_refused(request_spec: RequestSpec, message: str) -> None:

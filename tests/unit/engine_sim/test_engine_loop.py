@@ -30,7 +30,7 @@ async def engine() -> AsyncIterator[AsyncEngine]:
 
 async def test_tokens_arrive_in_order_then_the_finish(engine: AsyncEngine) -> None:
     stream = engine.submit(
-        RequestSpec("r", prompt_tokens=8, max_output_tokens=5, stop_after_tokens=None)
+        RequestSpec("r", prompt_token_ids=tuple(range(8)), max_output_tokens=5, ignore_eos=True)
     )
 
     indexes = [token.index async for token in stream.tokens()]
@@ -42,7 +42,7 @@ async def test_tokens_arrive_in_order_then_the_finish(engine: AsyncEngine) -> No
 
 
 async def test_an_aborted_request_ends_its_stream(engine: AsyncEngine) -> None:
-    stream = engine.submit(RequestSpec("r", 8, 1000, None))
+    stream = engine.submit(RequestSpec("r", tuple(range(8)), 1000, ignore_eos=True))
     first = await anext(aiter(stream.tokens()))
     assert first.index == 0
 
@@ -59,7 +59,7 @@ async def test_an_aborted_request_ends_its_stream(engine: AsyncEngine) -> None:
 async def test_the_idle_loop_waits_instead_of_polling(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    stream = engine.submit(RequestSpec("r", 8, 2, None))
+    stream = engine.submit(RequestSpec("r", tuple(range(8)), 2, ignore_eos=True))
     _ = [token async for token in stream.tokens()]
     schedules: list[ScheduledStep] = []
     original = engine.core.schedule
@@ -74,6 +74,6 @@ async def test_the_idle_loop_waits_instead_of_polling(
         await asyncio.sleep(0)
     assert schedules == []
 
-    again = engine.submit(RequestSpec("again", 8, 1, None))
+    again = engine.submit(RequestSpec("again", tuple(range(8, 16)), 1, ignore_eos=True))
     _ = [token async for token in again.tokens()]
     assert len(schedules) == 1

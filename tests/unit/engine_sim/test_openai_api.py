@@ -13,6 +13,7 @@ from engine_sim.openai_api import (
     parse_completion_request,
     parse_json_body,
 )
+from engine_sim.tokens import chat_token_ids, text_token_ids
 from slotshift.config import EngineSimConfig
 
 CONFIG = EngineSimConfig(model_name="m", max_model_len=1024, default_max_tokens=256)
@@ -39,6 +40,17 @@ CONFIG = EngineSimConfig(model_name="m", max_model_len=1024, default_max_tokens=
         ),
         pytest.param({"prompt": "x", "max_tokens": 1024}, 400, None, id="beyond-max-model-len"),
         pytest.param({"prompt": "x" * 4096}, 400, None, id="prompt-fills-the-context"),
+        pytest.param({"prompt": "x", "min_tokens": "2"}, 400, "min_tokens", id="min-tokens-text"),
+        pytest.param({"prompt": "x", "min_tokens": -1}, 400, None, id="negative-min-tokens"),
+        pytest.param(
+            {"prompt": "x", "max_tokens": 3, "min_tokens": 4}, 400, None, id="min-above-max"
+        ),
+        pytest.param(
+            {"prompt": "x", "return_token_ids": "yes"},
+            400,
+            "return_token_ids",
+            id="return-token-ids-not-bool",
+        ),
     ],
 )
 def test_bad_completion_requests_get_vllm_errors(
@@ -85,8 +97,26 @@ def test_a_completion_request_with_defaults() -> None:
     request = parse_completion_request({"model": "m", "prompt": "x" * 40}, CONFIG)
 
     assert request.prompt_tokens == 10
+    assert request.prompt_token_ids == text_token_ids("x" * 40)
     assert request.max_tokens == 256
     assert (request.stream, request.ignore_eos, request.include_usage) == (False, False, False)
+    assert (request.min_tokens, request.return_token_ids) == (0, False)
+
+
+def test_token_ids_are_kept_and_min_tokens_and_return_token_ids_are_read() -> None:
+    request = parse_completion_request(
+        {"prompt": [9, 0, 31999, 7], "max_tokens": 5, "min_tokens": 5, "return_token_ids": True},
+        CONFIG,
+    )
+    assert request.prompt_token_ids == (9, 0, 31999, 7)
+    assert (request.min_tokens, request.return_token_ids) == (5, True)
+
+
+def test_the_min_tokens_error_is_vllms() -> None:
+    with pytest.raises(
+        ApiError, match=r"^min_tokens must be less than or equal to max_tokens=3, got 4\.$"
+    ):
+        parse_completion_request({"prompt": "x", "max_tokens": 3, "min_tokens": 4}, CONFIG)
 
 
 def test_default_max_tokens_is_capped_by_the_room_left_in_the_context() -> None:
@@ -132,6 +162,7 @@ def test_chat_prefers_max_completion_tokens_and_counts_the_template() -> None:
     )
     assert request.max_tokens == 7
     assert request.prompt_tokens == (2 + 4) + (4 + 4) + 3
+    assert request.prompt_token_ids == chat_token_ids([("system", "x" * 8), ("user", "y" * 16)])
     assert request.ignore_eos
 
 

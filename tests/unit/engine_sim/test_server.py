@@ -20,12 +20,23 @@ from engine_sim.metrics import (
     TTFT_BUCKETS_S,
 )
 from engine_sim.server import EngineSim
-from engine_sim.tokens import filler_token, pseudo_eos_position, seed_of
+from engine_sim.tokens import (
+    chat_token_ids,
+    reference_output_ids,
+    text_token_ids,
+    token_text,
+)
 from slotshift.config import EngineSimConfig
 from tests.support import wait_until
 
 MODEL = "test-model"
 LABELS = {"model_name": MODEL, "engine": "0"}
+
+
+def expected_text(prompt_ids: tuple[int, ...], max_tokens: int, **law: Any) -> str:
+    """The text the emulator generates for these prompt ids (fast_config's EOS law)."""
+    ids = reference_output_ids(prompt_ids, max_tokens, pseudo_eos_max_tokens=20, **law)
+    return "".join(token_text(token_id) for token_id in ids)
 
 
 def fast_config(**overrides: Any) -> EngineSimConfig:
@@ -94,8 +105,8 @@ async def test_a_completion_has_vllms_shape_and_exact_usage(
     (choice,) = reply["choices"]
     assert choice["index"] == 0
     assert choice["finish_reason"] == "length"
-    seed = seed_of("x" * 40)
-    assert choice["text"] == "".join(filler_token(seed, i) for i in range(7))
+    assert choice["text"] == expected_text(text_token_ids("x" * 40), 7, ignore_eos=True)
+    assert (choice["token_ids"], choice["prompt_token_ids"]) == (None, None)  # not asked
     assert reply["usage"] == {
         "prompt_tokens": 10,
         "completion_tokens": 7,
@@ -122,8 +133,8 @@ async def test_the_openai_client_reads_completions_and_chat(client: openai.Async
     assert chat.id.startswith("chatcmpl-")
     assert chat.object == "chat.completion"
     assert chat.choices[0].message.role == "assistant"
-    assert chat.choices[0].message.content == "".join(
-        filler_token(seed_of("x" * 20), i) for i in range(4)
+    assert chat.choices[0].message.content == expected_text(
+        chat_token_ids([("user", "x" * 20)]), 4, ignore_eos=True
     )
     assert chat.usage is not None
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (5 + 4 + 3, 4)
@@ -169,9 +180,9 @@ async def test_a_chat_stream_opens_with_the_role_and_closes_with_the_reason(
     opening, *tokens, usage_chunk = chunks
     assert opening.choices[0].delta.role == "assistant"
     assert opening.choices[0].delta.content == ""
-    assert [c.choices[0].delta.content for c in tokens] == [
-        filler_token(seed_of("hi"), i) for i in range(3)
-    ]
+    assert "".join(str(c.choices[0].delta.content) for c in tokens) == expected_text(
+        chat_token_ids([("user", "hi")]), 3, ignore_eos=True
+    )
     assert [c.choices[0].finish_reason for c in tokens] == [None, None, "length"]
     assert usage_chunk.usage is not None
     assert usage_chunk.usage.completion_tokens == 3
@@ -195,14 +206,16 @@ async def test_without_ignore_eos_a_request_stops_at_its_pseudo_eos(
     client: openai.AsyncOpenAI,
 ) -> None:
     prompt = "When will I stop?"
-    expected = pseudo_eos_position(seed_of(prompt), 20)
+    expected = reference_output_ids(text_token_ids(prompt), 100, pseudo_eos_max_tokens=20)
 
     first = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=100)
     again = await client.completions.create(model=MODEL, prompt=prompt, max_tokens=100)
 
+    assert len(expected) < 100  # the law stops this prompt early (mean 10.5)
     assert first.usage is not None
-    assert first.usage.completion_tokens == expected
+    assert first.usage.completion_tokens == len(expected)
     assert first.choices[0].finish_reason == "stop"
+    assert first.choices[0].text == expected_text(text_token_ids(prompt), 100)
     assert again.choices[0].text == first.choices[0].text
 
 
@@ -283,6 +296,8 @@ async def test_metrics_have_vllms_v1_names_types_labels_and_buckets(
         "vllm:prompt_tokens": "counter",
         "vllm:generation_tokens": "counter",
         "vllm:num_preemptions": "counter",
+        "vllm:prefix_cache_queries": "counter",
+        "vllm:prefix_cache_hits": "counter",
         "vllm:request_success": "counter",
         "vllm:time_to_first_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram",
@@ -291,6 +306,8 @@ async def test_metrics_have_vllms_v1_names_types_labels_and_buckets(
         "slotshift_sim_gpu_utilization_percent": "gauge",
         "slotshift_sim_gpu_memory_used_bytes": "gauge",
         "slotshift_sim_gpu_memory_total_bytes": "gauge",
+        "slotshift_engine_peak_requests": "gauge",
+        "slotshift_engine_aborted_requests": "counter",
     }
     assert {name: families[name][0] for name in expected_types} == expected_types
     for _, family_samples in families.values():
@@ -303,6 +320,11 @@ async def test_metrics_have_vllms_v1_names_types_labels_and_buckets(
     assert value_of(samples("vllm:prompt_tokens"), "vllm:prompt_tokens_total") == 10
     assert value_of(samples("vllm:generation_tokens"), "vllm:generation_tokens_total") == 5
     assert value_of(samples("vllm:num_preemptions"), "vllm:num_preemptions_total") == 0
+    queries = samples("vllm:prefix_cache_queries")
+    assert value_of(queries, "vllm:prefix_cache_queries_total") == 10
+    assert value_of(samples("vllm:prefix_cache_hits"), "vllm:prefix_cache_hits_total") == 0
+    peak = samples("slotshift_engine_peak_requests")
+    assert value_of(peak, "slotshift_engine_peak_requests") == 1
     success = samples("vllm:request_success")
     for reason, count in (("length", 1), ("stop", 0), ("abort", 0)):
         assert value_of(success, "vllm:request_success_total", finished_reason=reason) == count

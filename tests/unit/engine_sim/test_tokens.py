@@ -1,15 +1,26 @@
-"""The tokenizer-free approximation: counts, filler text and the pseudo-EOS are deterministic."""
+"""The tokenizer-free approximation: ids, the next token and the pseudo-EOS are functions of
+the text or the context, nothing else."""
 
 from __future__ import annotations
 
 import pytest
 
 from engine_sim.tokens import (
+    CONTEXT_HASH_START,
+    EOS_TOKEN_ID,
+    VOCAB_SIZE,
+    chat_token_ids,
+    context_hash,
     count_chat_tokens,
     count_text_tokens,
-    filler_token,
-    pseudo_eos_position,
-    seed_of,
+    eos_sampled,
+    eos_threshold,
+    extend_hash,
+    next_token_id,
+    pseudo_eos_mean_tokens,
+    synthetic_prompt_ids,
+    text_token_ids,
+    token_text,
 )
 
 
@@ -32,15 +43,53 @@ def test_chat_adds_template_tokens_per_message_and_for_the_reply() -> None:
     assert count_chat_tokens(["x" * 40, "y" * 8]) == (10 + 4) + (2 + 4) + 3
 
 
-def test_the_same_prompt_gives_the_same_seed_text_and_stop() -> None:
-    seed = seed_of("Tell me about slots.")
-    assert seed == seed_of("Tell me about slots.")
-    assert seed != seed_of("Tell me about seats.")
-    assert [filler_token(seed, i) for i in range(5)] == [filler_token(seed, i) for i in range(5)]
-    assert all(filler_token(seed, i).startswith(" ") for i in range(40))
+def test_text_and_chat_ids_are_stable_and_as_many_as_counted() -> None:
+    text = "Tell me about slots."
+    assert text_token_ids(text) == text_token_ids(text)
+    assert text_token_ids(text) != text_token_ids("Tell me about seats.")
+    for sample in ("", "abc", "abcde", "x" * 401):
+        assert len(text_token_ids(sample)) == count_text_tokens(sample)
+    messages = [("system", "x" * 8), ("user", "y" * 17)]
+    ids = chat_token_ids(messages)
+    assert len(ids) == count_chat_tokens([text for _, text in messages])
+    # The role is part of the prompt: the same words from another speaker are another prompt.
+    assert chat_token_ids([("user", "hi")]) != chat_token_ids([("system", "hi")])
+    assert ids[-3:] == chat_token_ids([("user", "z")])[-3:]  # the reply's opening
 
 
-def test_pseudo_eos_falls_between_one_and_the_maximum() -> None:
-    positions = {pseudo_eos_position(seed_of(f"prompt {i}"), 64) for i in range(2000)}
-    assert min(positions) == 1
-    assert max(positions) == 64
+def test_the_context_hash_is_incremental() -> None:
+    ids = list(range(40))
+    assert context_hash(ids) == context_hash(ids[25:], context_hash(ids[:25]))
+    assert context_hash(ids) == extend_hash(context_hash(ids[:-1]), ids[-1])
+    assert context_hash(ids) != context_hash(ids[::-1])
+    assert context_hash([0]) != CONTEXT_HASH_START  # a token of id 0 still counts
+
+
+def test_next_tokens_are_ordinary_ids_with_filler_text() -> None:
+    states = [context_hash([i]) for i in range(2000)]
+    sampled = {next_token_id(state) for state in states}
+    assert EOS_TOKEN_ID not in sampled
+    assert all(0 <= token < VOCAB_SIZE for token in sampled)
+    assert len(sampled) > 1900  # spread over the vocabulary
+    assert all(token_text(token).startswith(" ") for token in sampled)
+    assert token_text(EOS_TOKEN_ID) == ""
+
+
+@pytest.mark.parametrize("mean", [1.0, 5.0, 512.5])
+def test_the_pseudo_eos_is_drawn_with_probability_one_over_the_mean(mean: float) -> None:
+    threshold = eos_threshold(mean)
+    draws = [eos_sampled(context_hash([i, 7]), threshold) for i in range(20000)]
+    assert sum(draws) / len(draws) == pytest.approx(1 / mean, rel=0.1, abs=0.001)
+
+
+def test_the_eos_mean_is_the_former_uniform_laws() -> None:
+    assert pseudo_eos_mean_tokens(1024) == 512.5
+    assert pseudo_eos_mean_tokens(1) == 1.0
+    with pytest.raises(ValueError, match="at least 1"):
+        eos_threshold(0.5)
+
+
+def test_synthetic_prompts_are_reproducible_and_distinct() -> None:
+    assert synthetic_prompt_ids("a", 30) == synthetic_prompt_ids("a", 30)
+    assert synthetic_prompt_ids("a", 30)[0] != synthetic_prompt_ids("b", 30)[0]
+    assert len(synthetic_prompt_ids("a", 7)) == 7
