@@ -12,7 +12,9 @@ would fail a request for nothing. Two defences:
 - `send` retries once a request whose *reused* pooled connection failed that way. Nothing else
   is retried (RFC 9112, 9.3.1: a request that may have been processed is not repeated): not a
   request that got any part of a response, not one on a fresh connection (the engine may have
-  read it before it fell over), not a timeout.
+  read it before it fell over), not a timeout. An engine that reads a request and then drops
+  its reused connection without a byte of answer looks the same as a stale connection, so such
+  a request reaches it twice; the first copy is aborted there, its connection being gone.
 
 Which connection a request got is read from aiohttp's tracing signals (a pooled one fires
 `on_connection_reuseconn`, a new one `on_connection_create_end`), so `send` needs a session made
@@ -47,8 +49,8 @@ def open_session(
 ) -> aiohttp.ClientSession:
     """A session for proxying to the engine whose idle pooled connections are dropped after
     `keepalive_timeout_s` (keep it below the engine's own keep-alive timeout), with the tracing
-    that `send` needs. `engine_ssl`: how to check an https engine (True: the system's roots). The caller
-    closes it."""
+    that `send` needs. `engine_ssl`: how to check an https engine (True: the system's roots).
+    The caller closes it."""
     if keepalive_timeout_s <= 0:
         raise ValueError(f"keepalive_timeout_s must be positive, not {keepalive_timeout_s}")
     tracing = aiohttp.TraceConfig()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import threading
 import time
@@ -12,10 +13,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import aiohttp
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from admission_gateway.upstream import open_session, send
 from telemetry_agent.vllm_metrics import VllmSnapshot, parse_vllm_metrics
 from tests.grpcurl import (
     decided_at_s,
@@ -456,6 +459,42 @@ def test_requests_after_the_engines_keep_alive_ran_out_all_succeed(vllm_stack: V
         time.sleep(idle_s)
         burst()
     assert failures == []
+
+
+def test_a_pooled_connection_vllm_closed_is_sent_again_and_vllm_runs_it_once(
+    vllm_stack: VllmStack, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The race made certain, with the gateway's own upstream client: its event loop is blocked
+    # past vLLM's keep-alive (a deliberate wait: the condition under test), so that the pooled
+    # connection vLLM closed meanwhile still looks open when the next request takes it.
+    url = f"{vllm_stack.vllm_url}/v1/completions"
+    body = json.dumps({"model": MODEL, "prompt": "stale", "max_tokens": 4, "ignore_eos": True})
+
+    async def two_requests() -> list[int]:
+        statuses = []
+        async with open_session(engine_ssl=True, keepalive_timeout_s=60) as session:
+            for index in range(2):
+                if index:
+                    time.sleep(VLLM_KEEP_ALIVE_S + 1.0)  # noqa: ASYNC251 (see above)
+                response = await send(
+                    session,
+                    "POST",
+                    url,
+                    data=body.encode(),
+                    headers={"Content-Type": "application/json"},
+                    client_timeout=aiohttp.ClientTimeout(total=60),
+                )
+                statuses.append(response.status)
+                await response.read()
+                response.release()
+        return statuses
+
+    finished_before = vllm_counter(vllm_stack, "vllm:request_success")
+    with caplog.at_level(logging.INFO, logger="admission_gateway.upstream"):
+        assert asyncio.run(two_requests()) == [200, 200]
+    assert sum("retrying" in r.getMessage() for r in caplog.records) == 1
+    # vLLM never got the copy sent on the closed connection.
+    assert vllm_counter(vllm_stack, "vllm:request_success") - finished_before == 2
 
 
 # --- telemetry -------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ import asyncio
 import json
 import socket
 import struct
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,10 +31,12 @@ COMPLETION = {"model": "fake", "user": "A", "prompt": "Hi"}
 ANSWER = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": []}).encode()
 TIMEOUT = aiohttp.ClientTimeout(total=10)
 
-Then = Literal["fin", "rst", "status_line", "headers", "stream_headers", "hang"]
+Then = Literal["fin", "rst", "idle_close", "status_line", "headers", "stream_headers", "hang"]
 """What the server does to a request beyond `answered_per_connection` on a connection:
 - fin, rst: close the connection as the request comes in, before reading it (the keep-alive race
   seen from the client: an idle close that crossed the request), with a FIN or a reset;
+- idle_close: close a connection idle for `idle_close_s` (as uvicorn does after its keep-alive
+  timeout), and set `idle_closed`;
 - status_line, headers, stream_headers: read it, begin a response (a status line; the headers
   and part of a JSON body; the headers of an event stream) and drop the connection;
 - hang: read it and never answer."""
@@ -46,6 +50,8 @@ class Engine:
     then: Then = "fin"
     answer_together: int = 1
     """Answers wait until this many requests are in (so that clients open that many connections)."""
+    idle_close_s: float = 0.05
+    idle_closed: threading.Event = field(default_factory=threading.Event)
     connections: int = 0
     received: list[bytes] = field(default_factory=list)
     port: int = 0
@@ -93,6 +99,15 @@ class Engine:
             writer.close()
 
     async def _misbehave(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.then == "idle_close":
+            try:
+                async with asyncio.timeout(self.idle_close_s):
+                    await reader.read(1)
+            except TimeoutError:
+                writer.close()
+                await writer.wait_closed()
+                self.idle_closed.set()
+            return
         if self.then in ("fin", "rst"):
             # Waiting for the request's first bytes (and not counting them) puts the close
             # exactly where the race puts it: after the client took the connection from its pool.
@@ -147,6 +162,24 @@ async def start_engine() -> AsyncIterator[Callable[..., Any]]:
     yield start
     for engine in started:
         await engine.stop()
+
+
+@contextmanager
+def engine_in_thread(**settings: Any) -> Iterator[Engine]:
+    """An Engine on its own event loop in a thread, so that it acts while the test's loop is
+    blocked."""
+    engine = Engine(**settings)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="engine-loop", daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(engine.start(), loop).result(timeout=5)
+        yield engine
+    finally:
+        asyncio.run_coroutine_threadsafe(engine.stop(), loop).result(timeout=5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+        loop.close()
 
 
 async def complete(
@@ -273,6 +306,30 @@ def test_the_keepalive_timeout_must_be_positive(value: float) -> None:
 
 
 # --- send on its own ------------------------------------------------------------------------
+
+
+async def test_a_connection_the_engine_closed_while_idle_is_retried_on_a_new_one() -> None:
+    # The race as it happens: the engine closes an idle pooled connection and the client takes
+    # it before its event loop has seen the close (here because the loop is blocked, as a busy
+    # gateway's is) and sends on it.
+    with engine_in_thread(then="idle_close") as engine:
+        async with open_session(engine_ssl=True, keepalive_timeout_s=60) as session:
+            for prompt in ("a", "b", "c"):
+                response = await send(
+                    session,
+                    "POST",
+                    engine.url,
+                    data=json.dumps({"prompt": prompt}).encode(),
+                    headers={},
+                    client_timeout=TIMEOUT,
+                )
+                assert (response.status, await response.read()) == (200, ANSWER)
+                response.release()
+                # Blocks the loop on purpose (see above) until the engine closed the connection.
+                assert engine.idle_closed.wait(timeout=5)
+                engine.idle_closed.clear()
+    # Each request after the first met a closed connection, and was read once, on a new one.
+    assert (prompts(engine), engine.connections) == (["a", "b", "c"], 3)
 
 
 async def _pool_two_connections(session: aiohttp.ClientSession, engine: Engine) -> None:
