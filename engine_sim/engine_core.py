@@ -121,6 +121,9 @@ class FinishedRequest:
     cached_tokens: int = 0
     """Prompt tokens the prefix cache held when it was first admitted (vLLM's
     num_cached_tokens); 0 when it was never admitted."""
+    cache_creation_tokens: int = 0
+    """Prompt tokens it computed into full blocks that went into the prefix cache, taken at its
+    first token (vLLM's num_cache_creation_tokens)."""
 
     @property
     def e2e_s(self) -> float:
@@ -149,6 +152,7 @@ class _Sequence:
     """Blocks it holds that are not in the cache (the partial last one, or all without caching)."""
     first_scheduled_s: float | None = None
     cached_tokens: int | None = None
+    cache_creation_tokens: int = 0
     preempted: bool = False
     last_token_s: float | None = None
     done: bool = False
@@ -470,6 +474,12 @@ class EngineCore:
             sequence.last_token_s = now_s
             if index == 0:
                 prompt_tokens += sequence.spec.prompt_tokens
+                cached_prompt = min(
+                    len(sequence.shared_keys) * self._block_size, sequence.spec.prompt_tokens
+                )
+                sequence.cache_creation_tokens = max(
+                    0, cached_prompt - (sequence.cached_tokens or 0)
+                )
             tokens.append(
                 TokenEmitted(
                     sequence.spec.request_id, index, token_id, now_s, now_s - previous_s, reason
@@ -601,4 +611,5 @@ class EngineCore:
             first_scheduled_s=sequence.first_scheduled_s,
             finished_s=now_s,
             cached_tokens=sequence.cached_tokens or 0,
+            cache_creation_tokens=sequence.cache_creation_tokens,
         )

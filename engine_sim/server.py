@@ -25,7 +25,12 @@ from engine_sim import openai_api
 from engine_sim.chat_script import ChatScript, ChatScriptError, ScriptedReply
 from engine_sim.engine_core import FinishedRequest, FinishReason, RequestSpec
 from engine_sim.engine_loop import AsyncEngine, RequestStream
-from engine_sim.openai_api import ApiError, GenerationRequest, ResponseIdentity
+from engine_sim.openai_api import (
+    ApiError,
+    GenerationRequest,
+    PromptTokensDetails,
+    ResponseIdentity,
+)
 from engine_sim.profiles import EngineProfile
 from engine_sim.tokens import token_text
 from engine_sim.tracing import llm_request_span, record_finished
@@ -293,8 +298,12 @@ class _Reply:
             return None
         return list(self._generation.prompt_token_ids)
 
-    def _cached_tokens(self, finished: FinishedRequest) -> int | None:
-        return finished.cached_tokens if self._details else None
+    def _prompt_details(self, finished: FinishedRequest) -> PromptTokensDetails | None:
+        if not self._details:
+            return None
+        # vLLM's chat reports the tokens its request wrote to the cache; its completions do not.
+        created = finished.cache_creation_tokens if self._identity.chat else None
+        return PromptTokensDetails(finished.cached_tokens, created)
 
     async def collect(self, stream: RequestStream) -> web.Response:
         token_ids = [token.token_id async for token in stream.tokens()]
@@ -312,7 +321,7 @@ class _Reply:
                 completion_tokens=finished.output_tokens,
                 token_ids=token_ids if self._generation.return_token_ids else None,
                 prompt_token_ids=self._prompt_ids(),
-                cached_tokens=self._cached_tokens(finished),
+                details=self._prompt_details(finished),
             )
         )
 
@@ -362,7 +371,7 @@ class _Reply:
                     self._identity,
                     prompt_tokens=prompt_tokens,
                     completion_tokens=finished.output_tokens,
-                    cached_tokens=self._cached_tokens(finished),
+                    details=self._prompt_details(finished),
                 )
                 await response.write(openai_api.sse_event(final))
             await response.write(openai_api.sse_event("[DONE]"))

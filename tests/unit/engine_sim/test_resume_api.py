@@ -266,7 +266,7 @@ async def test_a_completion_returns_token_ids_as_vllm_does(
             "token_ids": [EXPECTED[0]],
         }
     ]
-    assert set(first) == ENVELOPE_KEYS | {"choices", "usage"}
+    assert set(first) == ENVELOPE_KEYS | {"choices"}  # no usage key unless continuous
     assert second["choices"][0]["prompt_token_ids"] is None  # on the first chunk only
     assert third["choices"][0]["token_ids"] == [EXPECTED[2]]
     assert third["choices"][0]["finish_reason"] == "length"
@@ -359,6 +359,35 @@ async def test_cached_tokens_are_reported_only_with_prompt_tokens_details(
         else:
             assert again["usage"]["prompt_tokens_details"] is None
             assert "prompt_tokens_details" not in streamed[-1]["usage"]
+
+
+async def test_a_chat_reports_the_tokens_it_wrote_to_the_cache(
+    http: aiohttp.ClientSession,
+) -> None:
+    # As vLLM 0.32's chat does (its completions leave created_cache_tokens null).
+    emulator = EngineSim(config(enable_prompt_tokens_details=True))
+    await emulator.start()
+    try:
+        url = f"{emulator.url}/v1/chat/completions"
+        messages = [{"role": "user", "content": "x" * 160}]  # 40 + 4 + 3 = 47 prompt tokens
+        body = {"model": MODEL, "messages": messages, "max_tokens": 2, "ignore_eos": True}
+        first = await post_json(http, url, body)
+        again = await post_json(http, url, body)
+        streamed = await sse_chunks(http, url, {**body, **STREAM})
+    finally:
+        await emulator.stop()
+
+    assert first["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 0,
+        "created_cache_tokens": 32,
+        "multimodal_tokens": None,
+    }
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+    assert again["usage"]["prompt_tokens_details"]["created_cache_tokens"] == 0
+    assert streamed[-1]["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 32,
+        "created_cache_tokens": 0,
+    }
 
 
 # --- the budget witness ---------------------------------------------------------------------

@@ -112,6 +112,7 @@ async def test_a_completion_has_vllms_shape_and_exact_usage(
         "completion_tokens": 7,
         "total_tokens": 17,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     assert sim.completed_count == 1
 
@@ -199,7 +200,7 @@ async def test_sse_framing_ends_with_done_and_has_no_usage_unless_asked(
     assert data[-1] == "[DONE]"
     chunks = [json.loads(d) for d in data[:-1]]
     assert len(chunks) == 2
-    assert all(chunk["usage"] is None for chunk in chunks)
+    assert not any("usage" in chunk for chunk in chunks)  # vLLM 0.32 leaves it unset
 
 
 async def test_without_ignore_eos_a_request_stops_at_its_pseudo_eos(
