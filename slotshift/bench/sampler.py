@@ -73,9 +73,14 @@ class Sample:
     """The engine's vllm:prefix_cache_queries_total (prompt tokens looked up in its cache)."""
     engine_prefix_cache_hits: float | None = None
     """The engine's vllm:prefix_cache_hits_total (of those, tokens found there)."""
+    engine_read_s: float | None = None
+    """When the engine's counters were read (the middle of the scrape), like t_s; None: not
+    read. Later than t_s by the control plane's answers, which matters to a counter's rate."""
     gateway_waste_tokens: dict[str, dict[str, float]] | None = None
     """The gateways' waste counters summed: tenant -> kind -> tokens; None when a gateway did
     not answer or does not export the counter."""
+    gateway_read_s: float | None = None
+    """When the gateways' counters were read (the middle of their scrapes), like t_s."""
     gpu_utilization_pct: float | None = None
     gpu_emulated: bool | None = None
 
@@ -190,7 +195,10 @@ class Sampler:
         sample.queued = {i.allocation.tenant: i.queued for i in tenants.tenants}
 
     async def _read_engine(self, sample: Sample) -> None:
+        before_s = self._now_s()
         gauges = await self._engine_gauges()
+        if gauges:
+            sample.engine_read_s = (before_s + self._now_s()) / 2
         sample.engine_running = summed(gauges, "vllm:num_requests_running")
         sample.engine_waiting = summed(gauges, "vllm:num_requests_waiting")
         sample.kv_cache_usage = summed(gauges, "vllm:kv_cache_usage_perc")
@@ -210,6 +218,7 @@ class Sampler:
     async def _read_gateways(self, sample: Sample) -> None:
         if not self._gateway_metrics_urls:
             return
+        before_s = self._now_s()
         texts = []
         for url in self._gateway_metrics_urls:
             try:
@@ -223,6 +232,7 @@ class Sampler:
                 logger.warning("gateway %s did not answer a sample: %s", url, exc)
                 return
         sample.gateway_waste_tokens = gateway_waste(texts)
+        sample.gateway_read_s = (before_s + self._now_s()) / 2
 
     async def _engine_gauges(self) -> Samples:
         """The engine's samples; none when it does not answer."""

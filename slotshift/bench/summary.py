@@ -92,9 +92,11 @@ DEFINITIONS = {
     "last samples in the window. Total: vllm:generation_tokens_total's increase minus the output "
     "tokens the clients received, plus (vllm:prefix_cache_queries_total - "
     "vllm:prefix_cache_hits_total)'s increase minus the prompt tokens of the requests whose first "
-    "token arrived (their first prefill, taken to miss the cache), each clamped at 0. Per tenant: "
-    "the gateways' slotshift_gateway_waste_tokens_total. waste_percent: of the output tokens the "
-    "clients received in the same span. null: a counter is absent",
+    "token arrived (their first prefill, taken to miss the cache), each clamped at 0; the span's "
+    "ends are the moments the engine's /metrics was read. Per tenant: the gateways' "
+    "slotshift_gateway_waste_tokens_total (their own count: an upper bound where the engine's "
+    "usage reports no cached prompt tokens). waste_percent: of the output tokens the clients "
+    "received in the same span. null: a counter is absent",
     "pool_baseline": "one tenant holding every key, floor 0, the whole budget, static policy; "
     "requests attributed to the scenario's tenants client-side",
 }

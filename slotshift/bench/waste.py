@@ -3,12 +3,15 @@
 Issue 12's definition: waste = output tokens discarded by restarts + prompt tokens recomputed on
 resume that were not prefix-cache hits. Both are measured over the span between the first and
 the last sample inside the steady window that read the counters (the sample interval is the
-resolution of the span's ends).
+resolution of the span's ends), each end at the moment the counters were read (a sample's
+engine or gateway reading comes after its control-plane reading, tens of milliseconds on a busy
+host: enough admissions to matter).
 
 Pool level, from the engine's /metrics (vLLM's names; the emulator exports the same):
 - discarded output = the increase of `vllm:generation_tokens_total` minus the output tokens the
-  clients received in the span (each text chunk carries its request's output tokens spread
-  evenly over its chunks: exact for one token a chunk, as vLLM and the emulator stream);
+  clients received in the span (a completed request's output tokens spread evenly over its
+  text chunks; one token a chunk for a request still running at the span's end, which has no
+  usage yet: exact for one token a chunk, as vLLM and the emulator stream);
 - recomputed prompt = the increase of `vllm:prefix_cache_queries_total` minus that of
   `vllm:prefix_cache_hits_total` (prompt tokens the engine computed), minus the prompt tokens of
   the requests whose first token arrived in the span. The first token marks the request's first
@@ -20,7 +23,9 @@ milliseconds apart), and is None when a counter is absent: no reading is not no 
 
 Per tenant, from the gateways' `slotshift_gateway_waste_tokens_total{tenant,kind}` (kind
 `discarded_output` or `recomputed_prompt`), summed over the gateways: the increase over the same
-kind of span. None when the gateways do not export the counter.
+kind of span. None when the gateways do not export the counter. The gateways count from the
+usage an engine reports: where it reports no `prompt_tokens_details.cached_tokens`, a resume's
+whole prompt counts as recomputed (an upper bound; the pool's figure is the engine's own).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from dataclasses import dataclass
 
 from slotshift.bench.sampler import Sample
 from slotshift.bench.stats import Window, chunk_times_s
-from slotshift.bench.trace import RequestTrace
+from slotshift.bench.trace import RequestStatus, RequestTrace
 
 DISCARDED_OUTPUT = "discarded_output"
 RECOMPUTED_PROMPT = "recomputed_prompt"
@@ -89,12 +94,15 @@ NO_WASTE_READING = Waste(None, None, None)
 
 def received_tokens(trace: RequestTrace, span: Window) -> float:
     """Output tokens of one request that arrived in the span: its chunks there, each carrying an
-    even part of the request's output tokens."""
+    even part of a completed request's output tokens (its usage), or one token each for a
+    request that did not complete (it records no usage)."""
     times = chunk_times_s(trace)
     if not times:
         return 0.0
     inside = sum(1 for t in times if span.holds(t))
-    return inside * trace.output_tokens / len(times)
+    if trace.status is RequestStatus.OK and trace.output_tokens > 0:
+        return inside * trace.output_tokens / len(times)
+    return float(inside)
 
 
 def first_prefill_prompt_tokens(traces: Iterable[RequestTrace], span: Window) -> int:
@@ -112,7 +120,7 @@ def pool_waste(samples: Sequence[Sample], traces: Sequence[RequestTrace], window
     readings = [
         s for s in samples if window.holds(s.t_s) and s.engine_generation_tokens is not None
     ]
-    span = _span(readings)
+    span = _span(readings, [s.engine_read_s for s in readings])
     if span is None:
         return NO_WASTE_READING
     first, last = readings[0], readings[-1]
@@ -135,7 +143,7 @@ def tenant_waste(
     """One tenant's waste over the window, from the gateways' counters under its name; its
     received output from its own traces."""
     readings = [s for s in samples if window.holds(s.t_s) and s.gateway_waste_tokens is not None]
-    span = _span(readings)
+    span = _span(readings, [s.gateway_read_s for s in readings])
     if span is None:
         return NO_WASTE_READING
     first, last = readings[0].gateway_waste_tokens, readings[-1].gateway_waste_tokens
@@ -148,10 +156,13 @@ def tenant_waste(
     return Waste(kinds[DISCARDED_OUTPUT], kinds[RECOMPUTED_PROMPT], received)
 
 
-def _span(readings: Sequence[Sample]) -> Window | None:
-    if len(readings) < 2 or readings[-1].t_s <= readings[0].t_s:
+def _span(readings: Sequence[Sample], read_s: Sequence[float | None]) -> Window | None:
+    """From the first reading to the last, at their read times (their t_s when not known)."""
+    if len(readings) < 2:
         return None
-    return Window(readings[0].t_s, readings[-1].t_s)
+    start_s = read_s[0] if read_s[0] is not None else readings[0].t_s
+    end_s = read_s[-1] if read_s[-1] is not None else readings[-1].t_s
+    return Window(start_s, end_s) if end_s > start_s else None
 
 
 def _misses(sample: Sample) -> float | None:

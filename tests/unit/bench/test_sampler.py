@@ -240,6 +240,7 @@ async def test_a_sample_reads_the_waste_counters_of_the_engine_and_every_gateway
         sample = await _sampler(fakes, channel, session, gateways=True).sample()
     assert (sample.engine_prefix_cache_queries, sample.engine_prefix_cache_hits) == (5000, 1200)
     assert sample.gateway_waste_tokens == {"B": {"discarded_output": 10.0}}
+    assert sample.engine_read_s == sample.gateway_read_s == 10.0  # the clock did not move
 
 
 async def test_a_silent_gateway_makes_the_waste_reading_unknown(fakes: Fakes) -> None:
@@ -250,4 +251,5 @@ async def test_a_silent_gateway_makes_the_waste_reading_unknown(fakes: Fakes) ->
     ):
         sample = await _sampler(fakes, channel, session, gateways=True).sample()
     assert sample.gateway_waste_tokens is None
+    assert sample.gateway_read_s is None
     assert sample.engine_generation_tokens == 12345.0

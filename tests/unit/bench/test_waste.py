@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from slotshift.bench.sampler import Sample, gateway_waste
 from slotshift.bench.stats import Window
-from slotshift.bench.trace import RequestTrace
+from slotshift.bench.trace import RequestStatus, RequestTrace
 from slotshift.bench.waste import (
     DISCARDED_OUTPUT,
     RECOMPUTED_PROMPT,
@@ -57,6 +57,12 @@ def test_a_chunk_carries_an_even_share_of_its_requests_output() -> None:
     assert received_tokens(trace, Window(12.05, 20.0)) == 6
 
 
+def test_a_request_still_running_counts_one_token_a_chunk() -> None:
+    trace = chunks("B", 19.05, 30)  # chunks from 19.05 to 21.95: running at the span's end
+    trace.status, trace.output_tokens = RequestStatus.CANCELLED, 0  # no usage recorded
+    assert received_tokens(trace, WINDOW) == 10
+
+
 def test_a_request_without_a_first_token_received_nothing() -> None:
     trace = RequestTrace(tenant="A", gateway=0, prompt_tokens=5, max_tokens=5, start_s=12.0)
     assert received_tokens(trace, WINDOW) == 0
@@ -86,6 +92,18 @@ def test_pool_waste_is_what_the_engine_computed_beyond_what_the_clients_got() ->
     assert waste == Waste(10.0, 150.0, 90.0)
     assert waste.tokens == 160.0
     assert waste.percent == pytest.approx(100.0 * 160 / 90)
+
+
+def test_the_span_runs_between_the_moments_the_counters_were_read() -> None:
+    # Read 0.5 s after each sample began: the chunks at 10.05 .. 10.45 came before the span.
+    first, last = engine(10.0, 0.0, 0.0, 0.0), engine(19.5, 45.0, 60.0, 0.0)
+    first.engine_read_s, last.engine_read_s = 10.5, 20.0
+    early = chunks("A", 10.05, 50, prompt_tokens=60)  # chunks 10.05 .. 14.95
+    waste = pool_waste([first, last], [early], WINDOW)
+    assert waste.received_output_tokens == 45
+    assert waste.discarded_output_tokens == 0.0
+    # Its first prefill came before the span, so the 60 prompt tokens computed in it are waste.
+    assert waste.recomputed_prompt_tokens == 60.0
 
 
 def test_pool_waste_is_clamped_at_zero() -> None:
