@@ -72,32 +72,94 @@ class TenantUsage:
     admitted_total: int
     completed_total: int
     rejected_total: int
+    paused: int = 0
+    """Of `queued`, paused requests waiting to resume."""
+    pauses_total: int = 0
+    """Times a running request of the tenant was paused here."""
 
 
 class Slot:
     """The right to run one request; release it exactly once (leaving `async with` does).
 
     Releasing twice is harmless: only the first release frees the slot.
+
+    A slot of a pausable request may be asked to pause (`pause_requested`): its holder then stops
+    the request's work in the engine, releases the slot once the work has left the engine, and
+    waits with `TenantAdmission.resume` for a new one.
     """
 
-    __slots__ = ("_admission", "_released", "queue_wait_s")
+    __slots__ = (
+        "_admission",
+        "_can_pause",
+        "_on_pause",
+        "_released",
+        "_resuming",
+        "admitted_at_s",
+        "pausable",
+        "pause_requested",
+        "pauses",
+        "queue_wait_s",
+    )
 
-    def __init__(self, admission: TenantAdmission, queue_wait_s: float) -> None:
+    def __init__(
+        self,
+        admission: TenantAdmission,
+        queue_wait_s: float,
+        *,
+        admitted_at_s: float,
+        pauses: int = 0,
+        pausable: bool = False,
+    ) -> None:
         self._admission = admission
         self._released = False
+        self._on_pause: Callable[[], None] | None = None
+        self._can_pause: Callable[[], bool] | None = None
+        self._resuming = False
         self.queue_wait_s = queue_wait_s
         """Seconds the request waited in the queue before it was admitted."""
+        self.admitted_at_s = admitted_at_s
+        """When the request was first admitted (monotonic s): a resumed request keeps its
+        original time, so that the youngest work is paused first."""
+        self.pauses = pauses
+        """Times the request was paused before this slot."""
+        self.pausable = pausable
+        """Whether the request may be paused (a preemptible tenant's resumable request)."""
+        self.pause_requested = False
+        """Set once the admission has chosen this request to pause."""
 
     @property
     def released(self) -> bool:
         return self._released
+
+    def on_pause(
+        self, callback: Callable[[], None] | None, *, can_pause: Callable[[], bool] | None = None
+    ) -> None:
+        """Call `callback` (at once if already asked) when the request is to pause; it must not
+        block: it typically closes the request's upstream connection. `can_pause` says whether
+        pausing now would lose nothing; while it says no, the request is not chosen."""
+        self._on_pause = callback
+        self._can_pause = can_pause
+        if callback is not None and self.pause_requested:
+            callback()
+
+    @property
+    def eligible(self) -> bool:
+        """Whether the request may be chosen to pause now."""
+        if not self.pausable or self.pause_requested or self._released:
+            return False
+        return self._can_pause is None or self._can_pause()
 
     def release(self) -> None:
         """Give the slot back; it goes to the longest-waiting queued request, if any fits."""
         if self._released:
             return
         self._released = True
-        self._admission._on_release()
+        self._admission._on_release(self)
+
+    def _request_pause(self) -> None:
+        self.pause_requested = True
+        if self._on_pause is not None:
+            self._on_pause()
 
     async def __aenter__(self) -> Slot:
         return self
@@ -116,6 +178,9 @@ class _Waiter:
     future: asyncio.Future[Slot]
     enqueued_at: float
     timer: asyncio.TimerHandle | None = None
+    pausable: bool = False
+    paused: Slot | None = None
+    """The released slot of a paused request waiting to resume (it goes ahead of the rest)."""
 
 
 class TenantAdmission:
@@ -131,6 +196,7 @@ class TenantAdmission:
         clock: Clock,
         queue_wait_window: LatencyWindow | None = None,
         on_queue_started: Callable[[], None] | None = None,
+        max_pauses_per_request: int = 0,
     ) -> None:
         if limit_slots < 0:
             raise ValueError(f"limit_slots must not be negative, got {limit_slots}")
@@ -140,8 +206,17 @@ class TenantAdmission:
             raise ValueError(f"queue_timeout_s must be positive, got {queue_timeout_s}")
         self.tenant = tenant
         self._on_queue_started = on_queue_started
-        """Called when a request has to wait while none was waiting: the gateway tells the control
-        plane at once instead of at its next periodic report."""
+        """Called when a request has to wait while none was waiting, and when a paused request
+        has given its slot back: the gateway tells the control plane at once instead of at its
+        next periodic report."""
+        self._max_pauses = max_pauses_per_request
+        self._running: dict[Slot, None] = {}
+        """Unreleased slots in admission order (a dict as an ordered set)."""
+        self._pause_above: int | None = None
+        self._pausing = 0
+        """Slots asked to pause and not yet released."""
+        self._paused_waiting = 0
+        self._pauses_total = 0
         self._limit = limit_slots
         self._queue_max_depth = queue_max_depth
         self._queue_timeout_s = queue_timeout_s
@@ -174,6 +249,20 @@ class TenantAdmission:
     def queued(self) -> int:
         """Requests waiting for a slot."""
         return len(self._queue)
+
+    @property
+    def paused(self) -> int:
+        """Paused requests waiting to resume (counted in `queued` too)."""
+        return self._paused_waiting
+
+    @property
+    def pauses_total(self) -> int:
+        return self._pauses_total
+
+    @property
+    def pause_above_slots(self) -> int | None:
+        """The pause level in force (see set_pause_above); None when nothing is to pause."""
+        return self._pause_above
 
     @property
     def admitted_total(self) -> int:
@@ -212,9 +301,11 @@ class TenantAdmission:
             admitted_total=self._admitted_total,
             completed_total=self._completed_total,
             rejected_total=self.rejected_total,
+            paused=self._paused_waiting,
+            pauses_total=self._pauses_total,
         )
 
-    async def acquire(self) -> Slot:
+    async def acquire(self, *, pausable: bool = False) -> Slot:
         """Wait for a slot, first come first served.
 
         Raises QueueFull when the queue is full, QueueTimeout after queue_timeout_s without a
@@ -226,22 +317,63 @@ class TenantAdmission:
                 AdmissionClosed(f"tenant {self.tenant}: not admitting, shutting down")
             )
         if not self._queue and self._in_flight < self._limit:
-            return self._grant(self._clock.monotonic())
-        if len(self._queue) >= self._queue_max_depth:
+            return self._grant(self._clock.monotonic(), pausable=pausable)
+        waiting = len(self._queue) - self._paused_waiting
+        if waiting >= self._queue_max_depth:
             raise self._rejection(
-                QueueFull(f"tenant {self.tenant}: {len(self._queue)} requests already queued")
+                QueueFull(f"tenant {self.tenant}: {waiting} requests already queued")
             )
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop.create_future(), self._clock.monotonic())
+        waiter = _Waiter(loop.create_future(), self._clock.monotonic(), pausable=pausable)
         waiter.timer = loop.call_later(self._queue_timeout_s, self._expire, waiter)
         self._queue.append(waiter)
         if len(self._queue) == 1 and self._on_queue_started is not None:
             self._on_queue_started()
+        return await self._wait(waiter)
+
+    async def resume(self, paused: Slot) -> Slot:
+        """Give back the slot of a request that was asked to pause, and wait for a new one.
+
+        Call it once the request's work has left the engine. The slot is released at once; the
+        request then waits ahead of every request that was never paused (behind paused ones
+        admitted before it), exempt from queue_timeout_s, queue_max_depth and `close`: a paused
+        request is never failed. The new slot keeps the original admission time and counts the
+        pause. Cancelling the caller while it waits leaves no trace, as with acquire.
+        """
+        if paused.released or not paused.pause_requested or paused._admission is not self:
+            raise ValueError("only a held slot of this tenant that was asked to pause can resume")
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), self._clock.monotonic(), pausable=True)
+        waiter.paused = paused
+        position = len(self._queue)
+        for index, queued in enumerate(self._queue):
+            if queued.paused is None or queued.paused.admitted_at_s > paused.admitted_at_s:
+                position = index
+                break
+        self._queue.insert(position, waiter)
+        self._paused_waiting += 1
+        # Queued before the release, so that the freed slot cannot go to anyone behind it and
+        # the tenant never looks idle in between.
+        paused._resuming = True
+        paused.release()
+        return await self._wait(waiter)
+
+    async def _wait(self, waiter: _Waiter) -> Slot:
         try:
             return await waiter.future
         except asyncio.CancelledError:
             self._abandon(waiter)
             raise
+
+    def set_pause_above(self, level: int | None) -> None:
+        """Pause running requests, youngest by original admission first, until at most `level`
+        run (counting those already pausing as gone); None pauses nothing more. Only pausable
+        requests paused fewer than max_pauses_per_request times are chosen, so fewer may pause
+        than asked. Requests already asked to pause are not called back."""
+        if level is not None and level < 0:
+            raise ValueError(f"a pause level must not be negative, got {level}")
+        self._pause_above = level
+        self._pause_excess()
 
     def resize(self, limit_slots: int) -> None:
         """Enforce a new limit. Growing admits queued requests in order; shrinking cancels nothing."""
@@ -256,32 +388,83 @@ class TenantAdmission:
         Running requests keep their slots; `wait_idle` tells when they have all finished.
         """
         self._closed = True
+        kept: deque[_Waiter] = deque()
         while self._queue:
             waiter = self._queue.popleft()
+            if waiter.paused is not None:
+                kept.append(waiter)
+                continue
             self._cancel_timer(waiter)
             if not waiter.future.done():
                 waiter.future.set_exception(
                     self._rejection(AdmissionClosed(f"tenant {self.tenant}: shutting down"))
                 )
+        self._queue = kept
 
     async def wait_idle(self) -> None:
-        """Return once no request holds a slot."""
+        """Return once no request holds a slot and no paused request waits to resume."""
         await self._idle.wait()
 
-    def _grant(self, enqueued_at: float) -> Slot:
-        wait_s = max(0.0, self._clock.monotonic() - enqueued_at)
+    def _grant(
+        self, enqueued_at: float, *, pausable: bool = False, paused: Slot | None = None
+    ) -> Slot:
+        now = self._clock.monotonic()
+        wait_s = max(0.0, now - enqueued_at)
         self._in_flight += 1
-        self._admitted_total += 1
         self._idle.clear()
-        self.queue_wait.observe(wait_s)
-        return Slot(self, wait_s)
+        if paused is None:
+            self._admitted_total += 1
+            self.queue_wait.observe(wait_s)
+            slot = Slot(self, wait_s, admitted_at_s=now, pausable=pausable)
+        else:
+            # A resumed request was admitted once already: it is not counted again, and its
+            # wait is not a queue wait of new work.
+            self._paused_waiting -= 1
+            slot = Slot(
+                self,
+                paused.queue_wait_s,
+                admitted_at_s=paused.admitted_at_s,
+                pauses=paused.pauses + 1,
+                pausable=True,
+            )
+        self._running[slot] = None
+        return slot
 
-    def _on_release(self) -> None:
+    def _on_release(self, slot: Slot) -> None:
+        del self._running[slot]
         self._in_flight -= 1
-        self._completed_total += 1
-        if self._in_flight == 0:
-            self._idle.set()
+        if slot.pause_requested:
+            self._pausing -= 1
+        if slot._resuming:
+            self._pauses_total += 1
+            if self._on_queue_started is not None:
+                self._on_queue_started()
+        else:
+            # Finished (even if it was asked to pause just before it did).
+            self._completed_total += 1
+        self._update_idle()
         self._admit_waiting()
+
+    def _update_idle(self) -> None:
+        if self._in_flight == 0 and self._paused_waiting == 0:
+            self._idle.set()
+        else:
+            self._idle.clear()
+
+    def _pause_excess(self) -> None:
+        level = self._pause_above
+        if level is None:
+            return
+        excess = self._in_flight - self._pausing - level
+        if excess <= 0:
+            return
+        eligible = [
+            slot for slot in self._running if slot.pauses < self._max_pauses and slot.eligible
+        ]
+        eligible.sort(key=lambda slot: slot.admitted_at_s, reverse=True)
+        for slot in eligible[:excess]:
+            self._pausing += 1
+            slot._request_pause()
 
     def _admit_waiting(self) -> None:
         # The slot is counted as in flight the moment it is handed over, not when the waiter runs,
@@ -292,7 +475,9 @@ class TenantAdmission:
             if waiter.future.done():
                 # Its caller was cancelled and has not cleaned up yet; `_abandon` will.
                 continue
-            waiter.future.set_result(self._grant(waiter.enqueued_at))
+            waiter.future.set_result(
+                self._grant(waiter.enqueued_at, pausable=waiter.pausable, paused=waiter.paused)
+            )
 
     def _expire(self, waiter: _Waiter) -> None:
         waiter.timer = None
@@ -313,6 +498,10 @@ class TenantAdmission:
             future.cancel()
         if future.cancelled():
             self._remove(waiter)
+            if waiter.paused is not None:
+                # Off the queue either way (_admit_waiting may have dropped it already).
+                self._paused_waiting -= 1
+                self._update_idle()
             self._abandoned_total += 1
         elif future.exception() is None:
             # Granted a slot, then cancelled before it could run: hand the slot on.

@@ -190,7 +190,14 @@ class ControlClient:
             )
             return
         limits = [
-            TenantLimit(t.tenant, target_slots=t.target_slots, limit_slots=t.limit_slots)
+            TenantLimit(
+                t.tenant,
+                target_slots=t.target_slots,
+                limit_slots=t.limit_slots,
+                pause_above_slots=(
+                    t.pause_above_slots if t.HasField("pause_above_slots") else None
+                ),
+            )
             for t in update.tenants
         ]
         carrier = dict(update.trace_context)
@@ -345,6 +352,10 @@ def _tenant_demands(demands: list[TenantDemand]) -> list[common_pb2.TenantDemand
             ttft=_summary(d.ttft),
             e2e=_summary(d.e2e),
             queue_wait=_summary(d.queue_wait),
+            paused=d.usage.paused,
+            pauses_total=d.usage.pauses_total,
+            output_tokens_total=d.output_tokens_total,
+            waste_tokens_total=d.waste_tokens_total,
         )
         for d in demands
     ]

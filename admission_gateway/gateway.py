@@ -139,6 +139,8 @@ class AdmissionGateway:
             metrics=self.metrics,
             clock=self._clock,
             tracer=self._tracer,
+            paused_keepalive_interval_s=self._settings.paused_keepalive_interval_s,
+            preemption_enabled=self._pool.preemption.enabled,
         )
         app = web.Application(middlewares=[openai_errors])
         app.add_routes(self._proxy.routes())

@@ -32,6 +32,8 @@ class TenantLimit:
     """This gateway's part of the tenant's pool-wide limit."""
     limit_slots: int
     """What the gateway may admit now (at most target_slots)."""
+    pause_above_slots: int | None = None
+    """Pause the tenant's running requests until at most this many run; None: pause nothing."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,8 @@ class TenantDemand:
     ttft: LatencyPercentiles
     e2e: LatencyPercentiles
     queue_wait: LatencyPercentiles
+    output_tokens_total: int = 0
+    waste_tokens_total: int = 0
 
 
 class TenantState:
@@ -54,9 +58,19 @@ class TenantState:
         *,
         target_slots: int,
         new_window: Callable[[], LatencyWindow],
+        preemptible: bool = False,
     ) -> None:
         self.name = name
         self.admission = admission
+        self.preemptible = preemptible
+        """Whether the tenant's resumable requests may be paused (its config's `preemptible`)."""
+        self.output_tokens_total = 0
+        """Output tokens the engine generated for the requests the gateway reads (preemptible
+        ones), since start: the base of the pool's waste share."""
+        self.discarded_output_tokens_total = 0
+        """Output tokens thrown away because a paused request had to start again."""
+        self.recomputed_prompt_tokens_total = 0
+        """Prompt tokens recomputed on resume that were no prefix-cache hits."""
         self.target_slots = target_slots
         """This gateway's part of the tenant's pool-wide limit (shown in metrics)."""
         self.decision: SpanContext | None = None
@@ -68,12 +82,19 @@ class TenantState:
         self.e2e = new_window()
         """End-to-end latency of recent successful requests, from arrival at the gateway."""
 
+    @property
+    def waste_tokens_total(self) -> int:
+        """Tokens lost to pauses (docs/preemption.md); charged to the pool, not the tenant."""
+        return self.discarded_output_tokens_total + self.recomputed_prompt_tokens_total
+
     def demand(self) -> TenantDemand:
         return TenantDemand(
             usage=self.admission.usage(),
             ttft=self.ttft.percentiles(),
             e2e=self.e2e.percentiles(),
             queue_wait=self.admission.queue_wait.percentiles(),
+            output_tokens_total=self.output_tokens_total,
+            waste_tokens_total=self.waste_tokens_total,
         )
 
 
@@ -95,6 +116,7 @@ class GatewayState:
         """Set when a tenant's requests start to queue here; the control client clears it when it
         reports the demand."""
         limits = fallback_limits(pool, gateway.fallback_replicas)
+        preemptible = {t.name for t in pool.tenants if t.preemptible and pool.preemption.enabled}
         self._fallback = dict(limits)
         self._on_controlplane_loss = gateway.on_controlplane_loss
 
@@ -116,9 +138,11 @@ class GatewayState:
                     clock=clock,
                     queue_wait_window=new_window(),
                     on_queue_started=self.queue_started.set,
+                    max_pauses_per_request=pool.preemption.max_pauses_per_request,
                 ),
                 target_slots=limit,
                 new_window=new_window,
+                preemptible=name in preemptible,
             )
 
         self._new_tenant = new_tenant
@@ -191,6 +215,10 @@ class GatewayState:
         for name, tenant in self._tenants.items():
             limit = by_tenant.get(name, TenantLimit(name, target_slots=0, limit_slots=0))
             tenant.admission.resize(max(0, limit.limit_slots))
+            pause_above = limit.pause_above_slots
+            tenant.admission.set_pause_above(
+                None if pause_above is None or not tenant.preemptible else max(0, pause_above)
+            )
             tenant.target_slots = max(0, limit.target_slots)
             tenant.decision = decision
         self._applied_version = version

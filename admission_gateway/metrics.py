@@ -110,8 +110,36 @@ class _StateCollector(Collector):
             "Queued requests whose client went away before they were admitted.",
             labels=labels,
         )
+        paused = GaugeMetricFamily(
+            "slotshift_gateway_requests_paused",
+            "Paused requests waiting to resume (counted as queued too).",
+            labels=labels,
+        )
+        pauses = CounterMetricFamily(
+            "slotshift_gateway_pauses",
+            "Times a running request was paused so that a lender got its slots back.",
+            labels=labels,
+        )
+        output_tokens = CounterMetricFamily(
+            "slotshift_gateway_output_tokens",
+            "Output tokens of the requests the gateway reads (preemptible tenants' requests).",
+            labels=labels,
+        )
+        waste = CounterMetricFamily(
+            "slotshift_gateway_waste_tokens",
+            "Tokens lost to pauses: output discarded by restarts, prompt recomputed on resume "
+            "(not prefix-cache hits). Charged to the pool, never to the tenant's usage.",
+            labels=[*labels, "kind"],
+        )
         for name, tenant in self._state.tenants.items():
             admission = tenant.admission
+            paused.add_metric([pool, name], admission.paused)
+            pauses.add_metric([pool, name], admission.pauses_total)
+            output_tokens.add_metric([pool, name], tenant.output_tokens_total)
+            waste.add_metric([pool, name, "discarded_output"], tenant.discarded_output_tokens_total)
+            waste.add_metric(
+                [pool, name, "recomputed_prompt"], tenant.recomputed_prompt_tokens_total
+            )
             limit.add_metric([pool, name], admission.limit_slots)
             target.add_metric([pool, name], tenant.target_slots)
             in_flight.add_metric([pool, name], admission.in_flight)
@@ -135,6 +163,10 @@ class _StateCollector(Collector):
         )
         connected.add_metric([pool], 1 if self._state.controlplane_connected else 0)
         yield from (
+            paused,
+            pauses,
+            output_tokens,
+            waste,
             limit,
             target,
             in_flight,

@@ -36,6 +36,7 @@ import logging
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -48,6 +49,8 @@ from admission_gateway.errors import OpenAIError
 from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import GatewayState, TenantState
 from admission_gateway.metrics import GatewayMetrics
+from admission_gateway.preemptible import PreemptibleRelay
+from admission_gateway.resume import not_resumable
 from admission_gateway.upstream import send as send_upstream
 from slotshift.clock import Clock
 from slotshift.trace_context import inject_into, parent_from
@@ -93,9 +96,25 @@ class OpenAIProxy:
         clock: Clock,
         tracer: trace.Tracer | None = None,
         gateway_id: str = "",
+        paused_keepalive_interval_s: float = 5.0,
+        preemption_enabled: bool = True,
     ) -> None:
         self._state = state
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
+        self._preemptible = (
+            PreemptibleRelay(
+                session=session,
+                engine_url=engine_url,
+                upstream_timeout_s=upstream_timeout_s,
+                paused_keepalive_interval_s=paused_keepalive_interval_s,
+                metrics=metrics,
+                clock=clock,
+                tracer=self._tracer,
+            )
+            if preemption_enabled
+            else None
+        )
+        """Serves preemptible tenants' resumable requests; None when preemption is off."""
         self.gateway_id = gateway_id
         """This gateway's id, on every request's span (set by the gateway once it is bound)."""
         self._authenticator = authenticator
@@ -176,9 +195,42 @@ class OpenAIProxy:
         span.set_attribute("slotshift.tenant", tenant.name)
         self._refuse_if_draining()
         body = await self._read_body(request)
-        _require_json_object(body)
+        document = _require_json_object(body)
+        if tenant.preemptible and self._preemptible is not None:
+            why_not = not_resumable(path, document)
+            span.set_attribute("slotshift.resumable", why_not is None)
+            if why_not is None:
+                return await self._serve_resumable(request, path, document, tenant, span, arrived)
         async with await self._admit(tenant, span):
             return await self._forward(request, path, body, tenant=tenant, arrived=arrived)
+
+    async def _serve_resumable(
+        self,
+        request: web.Request,
+        path: str,
+        document: dict[str, Any],
+        tenant: TenantState,
+        span: trace.Span,
+        arrived: float,
+    ) -> web.StreamResponse:
+        """A preemptible tenant's resumable request: admitted as pausable and relayed across
+        pauses (admission_gateway/preemptible.py)."""
+        assert self._preemptible is not None
+        slot = await self._admit(tenant, span, pausable=True)
+        request_id = _request_id(request)
+        headers = _forwardable(request.headers, _NOT_FORWARDED_UPSTREAM)
+        headers["X-Request-Id"] = request_id
+        response_headers: CIMultiDict[str] = CIMultiDict({"X-Request-Id": request_id})
+        return await self._preemptible.serve(
+            request,
+            path=path,
+            document=document,
+            headers=headers,
+            response_headers=response_headers,
+            tenant=tenant,
+            slot=slot,
+            arrived=arrived,
+        )
 
     def _tenant_of(self, request: web.Request) -> str:
         try:
@@ -218,7 +270,9 @@ class OpenAIProxy:
                 raise too_large
         return bytes(body)
 
-    async def _admit(self, tenant: TenantState, span: trace.Span) -> Slot:
+    async def _admit(
+        self, tenant: TenantState, span: trace.Span, *, pausable: bool = False
+    ) -> Slot:
         """A slot for the request, waited for in a "queue wait" span; the request's span says
         whether and under which allocation it was admitted, and links to that allocation's
         decision."""
@@ -235,7 +289,7 @@ class OpenAIProxy:
             set_status_on_exception=False,
         ) as waiting:
             try:
-                slot = await self._acquire(tenant)
+                slot = await self._acquire(tenant, pausable=pausable)
             except OpenAIError as error:
                 rejected: dict[str, str | int] = {
                     "slotshift.admission.outcome": "rejected",
@@ -263,9 +317,9 @@ class OpenAIProxy:
             )
         return slot
 
-    async def _acquire(self, tenant: TenantState) -> Slot:
+    async def _acquire(self, tenant: TenantState, *, pausable: bool) -> Slot:
         try:
-            slot = await tenant.admission.acquire()
+            slot = await tenant.admission.acquire(pausable=pausable)
         except QueueFull:
             raise OpenAIError(
                 429,
@@ -441,7 +495,7 @@ def _record_status(
         span.set_status(trace.StatusCode.ERROR, error or str(status))
 
 
-def _require_json_object(body: bytes) -> None:
+def _require_json_object(body: bytes) -> dict[str, Any]:
     try:
         document = json.loads(body)
     except ValueError:
@@ -458,6 +512,7 @@ def _require_json_object(body: bytes) -> None:
             error_type="invalid_request_error",
             code="invalid_json",
         )
+    return document
 
 
 def _request_id(request: web.Request) -> str:

@@ -1,0 +1,373 @@
+"""Relaying a preemptible tenant's resumable request: run it, pause it when asked, resume it.
+
+The mechanism behind "lend my idle capacity, and give it back the moment I need it": when the
+control plane tells this gateway to pause some of a preemptible tenant's borrowed work
+(`TenantAdmission.set_pause_above`), the admission picks the youngest requests and asks their
+slots to pause. This relay, which serves each such request, then
+
+1. closes the request's connection to the engine. That is the signal that the work has left the
+   engine: vLLM (and the emulator) abort a request whose connection closes, before their next
+   step. Only then is the slot given back (`TenantAdmission.resume`), and the freed slot reaches
+   a lender only through the control plane's next grant, which follows this gateway's report;
+2. waits at the head of its tenant's queue, never failed: exempt from the queue timeout, the
+   queue depth and the shutdown drain; a streamed client gets an SSE comment every
+   `paused_keepalive_interval_s` so that idle proxies keep the stream open;
+3. continues on a new slot where it stopped: the prompt's token ids plus the tokens generated so
+   far, with max_tokens and min_tokens reduced (admission_gateway/resume.py builds it; vLLM's
+   prefix cache makes the re-prefill cheap).
+
+The client sees one uninterrupted answer: one stream (or, for a non-streamed request, one
+response assembled from the upstream stream), one final usage with the true totals. What shapes
+may be resumed is resume.py's `not_resumable` (docs/preemption.md); other requests of the tenant
+go the ordinary way and are never paused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from opentelemetry import trace
+
+from admission_gateway.admission import Slot
+from admission_gateway.errors import OpenAIError
+from admission_gateway.first_token import FirstTokenDetector
+from admission_gateway.gateway_state import TenantState
+from admission_gateway.metrics import GatewayMetrics
+from admission_gateway.resume import (
+    SSE_KEEPALIVE,
+    CannotResume,
+    Resumption,
+    SseDecoder,
+    SseTooLong,
+    UpstreamProtocolError,
+)
+from admission_gateway.upstream import send as send_upstream
+from slotshift.clock import Clock
+from slotshift.trace_context import inject_into
+
+logger = logging.getLogger(__name__)
+
+
+class _Ended(Exception):
+    """An attempt failed in a way the client must see (a status, or an SSE error event)."""
+
+    def __init__(self, error: OpenAIError, refusal: web.Response | None = None) -> None:
+        super().__init__(error.body())
+        self.error = error
+        self.refusal = refusal
+        """The engine's own answer, passed through when the client has seen nothing yet."""
+
+
+@dataclass
+class _Accounted:
+    """What of one request's token counts is already on its tenant's counters."""
+
+    output: int = 0
+    recomputed: int = 0
+    discarded: int = 0
+
+
+class PreemptibleRelay:
+    """Serves resumable requests of preemptible tenants (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        session: aiohttp.ClientSession,
+        engine_url: str,
+        upstream_timeout_s: float,
+        paused_keepalive_interval_s: float,
+        metrics: GatewayMetrics,
+        clock: Clock,
+        tracer: trace.Tracer,
+    ) -> None:
+        self._session = session
+        self._engine_url = engine_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
+        self._keepalive_s = paused_keepalive_interval_s
+        self._metrics = metrics
+        self._clock = clock
+        self._tracer = tracer
+
+    async def serve(
+        self,
+        request: web.Request,
+        *,
+        path: str,
+        document: Mapping[str, Any],
+        headers: CIMultiDict[str],
+        response_headers: CIMultiDict[str],
+        tenant: TenantState,
+        slot: Slot,
+        arrived: float,
+    ) -> web.StreamResponse:
+        """Run the request to its end across pauses; `slot` is its admitted slot, released
+        (or handed on to the next attempt's slot) before this returns. `headers` go to the
+        engine; `response_headers` are added to the client's response."""
+        resumption = Resumption(path, dict(document))
+        client: web.StreamResponse | None = None
+        first_token = FirstTokenDetector()
+        accounted = _Accounted()
+        attempt = 0
+        try:
+            while True:
+                attempt += 1
+                try:
+                    client, finished = await self._attempt(
+                        request,
+                        resumption,
+                        slot,
+                        headers,
+                        response_headers,
+                        tenant,
+                        client,
+                        first_token,
+                        arrived,
+                        attempt,
+                    )
+                except _Ended as ended:
+                    self._account(tenant, resumption, accounted)
+                    if client is not None:
+                        await _write_quietly(client, _error_event(ended.error))
+                        return client
+                    if ended.refusal is not None and attempt == 1:
+                        ended.refusal.headers.extend(response_headers)
+                        return ended.refusal
+                    raise ended.error from None
+                self._account(tenant, resumption, accounted)
+                if finished:
+                    break
+                slot = await self._wait_to_resume(tenant, slot, client)
+        finally:
+            slot.release()
+        if resumption.error is not None and client is None:
+            return _error_response(resumption.error, response_headers)
+        self._observe_e2e(tenant, arrived)
+        if client is not None:
+            for event in resumption.final_events():
+                await _write_quietly(client, event)
+            return client
+        body = json.dumps(resumption.response()).encode()
+        response_headers = CIMultiDict(response_headers)
+        response_headers["Content-Type"] = "application/json"
+        return web.Response(status=200, body=body, headers=response_headers)
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        resumption: Resumption,
+        slot: Slot,
+        headers: CIMultiDict[str],
+        response_headers: CIMultiDict[str],
+        tenant: TenantState,
+        client: web.StreamResponse | None,
+        first_token: FirstTokenDetector,
+        arrived: float,
+        attempt: int,
+    ) -> tuple[web.StreamResponse | None, bool]:
+        """One upstream attempt; returns the client's response (prepared once the engine
+        accepted the request, for a streaming client) and whether the answer is complete."""
+        try:
+            path, body = resumption.upstream_request()
+        except CannotResume as exc:
+            raise _Ended(_upstream_error(502, "upstream_unavailable", str(exc))) from None
+        url = self._engine_url + path
+        with self._tracer.start_as_current_span(
+            f"upstream POST {path}",
+            kind=trace.SpanKind.CLIENT,
+            attributes={
+                "http.request.method": "POST",
+                "url.full": url,
+                "slotshift.attempt": attempt,
+                "slotshift.resumed": attempt > 1,
+            },
+        ) as span:
+            attempt_headers = CIMultiDict(headers)
+            inject_into(attempt_headers, span)
+            try:
+                upstream = await send_upstream(
+                    self._session,
+                    "POST",
+                    url,
+                    data=body,
+                    headers=attempt_headers,
+                    client_timeout=self._timeout,
+                )
+            except TimeoutError:
+                resumption.attempt_ended()
+                raise _Ended(_upstream_error(504, "upstream_timeout")) from None
+            except aiohttp.ClientError as exc:
+                resumption.attempt_ended()
+                logger.warning("engine request failed: %s: %s", type(exc).__name__, exc)
+                raise _Ended(_upstream_error(502, "upstream_unavailable")) from None
+            span.set_attribute("http.response.status_code", upstream.status)
+            # Pausing closes the connection: the engine aborts the request, and the read
+            # below ends at once.
+            slot.on_pause(upstream.close, can_pause=resumption.pausable)
+            try:
+                if upstream.status != 200 or upstream.content_type != "text/event-stream":
+                    content = await upstream.read()
+                    resumption.attempt_ended()
+                    refusal = None
+                    if upstream.status >= 400 and upstream.content_type == "application/json":
+                        refusal = web.Response(
+                            status=upstream.status, body=content, content_type="application/json"
+                        )
+                    raise _Ended(_engine_refusal(upstream.status, content), refusal)
+                if client is None and resumption.client_streams:
+                    client = web.StreamResponse(status=200, headers=response_headers)
+                    client.content_type = "text/event-stream"
+                    await client.prepare(request)
+                # A cut leaves half an event behind: each attempt decodes afresh.
+                decoder = SseDecoder()
+                # Read through [DONE] (feed ends the attempt there): the usage chunk that comes
+                # after the finish says what the prefix cache saved.
+                while resumption.in_flight:
+                    try:
+                        chunk = await upstream.content.readany()
+                    except (aiohttp.ClientError, TimeoutError) as exc:
+                        if slot.pause_requested:
+                            break
+                        logger.warning("engine stream failed: %s: %s", type(exc).__name__, exc)
+                        break
+                    if not chunk:
+                        break
+                    for data in decoder.feed(chunk):
+                        events = resumption.feed(data)
+                        if client is None:
+                            continue
+                        for event in events:
+                            await client.write(event)
+                            if not first_token.found and first_token.feed(event):
+                                elapsed = self._clock.monotonic() - arrived
+                                tenant.ttft.observe(elapsed)
+                                self._metrics.observe_time_to_first_token(tenant.name, elapsed)
+                        if not resumption.in_flight:
+                            break
+            except (UpstreamProtocolError, SseTooLong) as exc:
+                upstream.close()
+                resumption.attempt_ended()
+                logger.warning("engine stream unreadable: %s", exc)
+                raise _Ended(_upstream_error(502, "upstream_unavailable")) from None
+            except BaseException:
+                upstream.close()
+                raise
+            finally:
+                slot.on_pause(None)
+            if resumption.finished:
+                resumption.attempt_ended()
+                upstream.release()
+                return client, True
+            upstream.close()
+            if slot.pause_requested:
+                # Pausable when chosen; if what was still buffered made it not (a parser's
+                # output), the next attempt restarts it or says it cannot.
+                if resumption.pausable():
+                    resumption.pause()
+                else:
+                    resumption.attempt_ended()
+                span.set_attribute("slotshift.paused", True)
+                return client, False
+            resumption.attempt_ended()
+            # The engine ended the stream without finishing the answer.
+            raise _Ended(_upstream_error(502, "upstream_unavailable"))
+
+    async def _wait_to_resume(
+        self, tenant: TenantState, slot: Slot, client: web.StreamResponse | None
+    ) -> Slot:
+        """Give the paused slot back and wait for the next; a streaming client gets comments."""
+        waiting = asyncio.create_task(
+            tenant.admission.resume(slot), name=f"resume {tenant.name} request"
+        )
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=self._keepalive_s)
+                if done:
+                    return waiting.result()
+                if client is not None:
+                    await client.write(SSE_KEEPALIVE)
+        except BaseException:
+            waiting.cancel()
+            # The cancelled wait leaves no trace in the queue; a slot granted in the meantime
+            # is handed on.
+            try:
+                granted = await waiting
+            except asyncio.CancelledError:
+                pass
+            else:
+                granted.release()
+            raise
+
+    @staticmethod
+    def _account(tenant: TenantState, resumption: Resumption, accounted: _Accounted) -> None:
+        """Move the request's token counts onto the tenant's counters (by what changed)."""
+        output = resumption.generated_tokens
+        tenant.output_tokens_total += output - accounted.output
+        recomputed = resumption.recomputed_prompt_tokens
+        tenant.recomputed_prompt_tokens_total += recomputed - accounted.recomputed
+        discarded = resumption.discarded_output_tokens
+        tenant.discarded_output_tokens_total += discarded - accounted.discarded
+        accounted.output, accounted.recomputed, accounted.discarded = output, recomputed, discarded
+
+    def _observe_e2e(self, tenant: TenantState, arrived: float) -> None:
+        elapsed = self._clock.monotonic() - arrived
+        tenant.e2e.observe(elapsed)
+        self._metrics.observe_e2e_latency(tenant.name, elapsed)
+
+
+def _upstream_error(status: int, code: str, detail: str = "") -> OpenAIError:
+    messages = {
+        "upstream_timeout": "The engine did not finish the request in time.",
+        "upstream_unavailable": "The engine could not be reached or closed the connection.",
+    }
+    return OpenAIError(
+        status,
+        f"{messages[code]} {detail}".strip(),
+        error_type="timeout_error" if status == 504 else "upstream_error",
+        code=code,
+    )
+
+
+def _engine_refusal(status: int, content: bytes) -> OpenAIError:
+    """The engine's own error answer, as an OpenAIError with its status and message."""
+    message = content[:200].decode(errors="replace").strip()
+    try:
+        document = json.loads(content)
+        message = str(document["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    return OpenAIError(
+        status if status >= 400 else 502,
+        f"The engine failed: {message}" if message else "The engine failed.",
+        error_type="upstream_error",
+        code="engine_error",
+    )
+
+
+def _error_response(error: Mapping[str, Any], response_headers: CIMultiDict[str]) -> web.Response:
+    """The engine's mid-stream error event, as a non-streaming client's answer."""
+    detail = error.get("error")
+    code = detail.get("code") if isinstance(detail, dict) else None
+    status = code if isinstance(code, int) and 400 <= code < 600 else 502
+    headers = CIMultiDict(response_headers)
+    headers["Content-Type"] = "application/json"
+    return web.Response(status=status, body=json.dumps(error).encode(), headers=headers)
+
+
+def _error_event(error: OpenAIError) -> bytes:
+    return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+    except ConnectionResetError:
+        logger.debug("client went away before the end of its stream")
