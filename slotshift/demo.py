@@ -21,6 +21,7 @@ import grpc
 from slotshift.apportion import nominal_shares
 from slotshift.config import PoolConfig, SlotshiftConfig
 from slotshift.engine_probe import requests_inside, served_model
+from slotshift.metrics_scrape import scrape_samples
 from slotshift.v1 import query_pb2, query_pb2_grpc
 
 B_OUTSTANDING = 120
@@ -45,12 +46,16 @@ class TenantCounters:
     completed: int = 0
     failed: int = 0
     tokens: int = 0
+    short: int = 0
+    """Answers with fewer (or more) tokens than asked: a pause that lost or repeated some."""
 
 
 @dataclass
 class DemoResult:
     samples: list[Sample] = field(default_factory=list)
     counters: dict[str, TenantCounters] = field(default_factory=dict)
+    pauses: dict[str, int] = field(default_factory=dict)
+    """Times each tenant's requests were paused (summed over the gateways), at the end."""
 
 
 class Phases:
@@ -133,6 +138,7 @@ async def run_demo(config: SlotshiftConfig, *, duration_s: float) -> bool:
         stub = query_pb2_grpc.AllocationServiceStub(channel)
         sampler = _sample(stub, session, config, pool, phases, result, elapsed)
         await asyncio.gather(sampler, *workers)
+        result.pauses = await _pauses(session, gateways)
     _print_table(result, pool)
     return _check(result, pool, phases)
 
@@ -167,7 +173,9 @@ async def _worker(
                 body = await response.json()
                 if response.status == 200:
                     counters.completed += 1
-                    counters.tokens += int(body["usage"]["completion_tokens"])
+                    tokens = int(body["usage"]["completion_tokens"])
+                    counters.tokens += tokens
+                    counters.short += tokens != max_tokens
                 else:
                     counters.failed += 1
                     await asyncio.sleep(0.2)
@@ -200,6 +208,19 @@ async def _sample(
             )
         )
         await asyncio.sleep(max(0.0, 1.0 - (elapsed() - t)))
+
+
+async def _pauses(session: aiohttp.ClientSession, gateways: list[str]) -> dict[str, int]:
+    """Pauses per tenant, summed over the gateways' /metrics (a gateway that does not answer
+    counts nothing)."""
+    pauses: dict[str, int] = {}
+    for gateway in gateways:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            samples = await scrape_samples(session, f"{gateway}/metrics", timeout_s=5.0)
+            for labels, value in samples.get("slotshift_gateway_pauses_total", []):
+                tenant = labels.get("tenant", "")
+                pauses[tenant] = pauses.get(tenant, 0) + round(value)
+    return pauses
 
 
 async def _engine_in_server(session: aiohttp.ClientSession, config: SlotshiftConfig) -> int | None:
@@ -269,6 +290,17 @@ def _check(result: DemoResult, pool: PoolConfig, phases: Phases) -> bool:
     )
     failed = sum(c.failed for c in result.counters.values())
     checks.append((f"no request failed ({failed} failed)", failed == 0))
+    preemptible = [t.name for t in pool.tenants if t.preemptible and pool.preemption.enabled]
+    for name in preemptible:
+        pauses = result.pauses.get(name, 0)
+        counters = result.counters.get(name, TenantCounters())
+        checks.append(
+            (
+                f"{name}'s borrowed work paused {pauses} times for A and resumed without loss "
+                f"({counters.short} answers of a wrong length)",
+                pauses > 0 and counters.short == 0,
+            )
+        )
     for text, ok in checks:
         print(f"  [{'PASS' if ok else 'FAIL'}] {text}")
     print(flush=True)

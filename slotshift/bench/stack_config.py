@@ -115,7 +115,9 @@ def stack_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
             "metrics_port": ports.agent_metrics,
             "host": HOST,
         },
-        "engine_sim": {"host": HOST, "port": ports.engine},
+        # Usage says which prompt tokens were prefix-cache hits, so that the gateways count
+        # only the truly recomputed part of a resumed prompt as waste.
+        "engine_sim": {"host": HOST, "port": ports.engine, "enable_prompt_tokens_details": True},
         "local_stack": {"gateway_ports": list(ports.gateways), "start_engine_sim": True},
     }
 
