@@ -155,8 +155,11 @@ async def test_engine_never_holds_more_than_the_budget_and_gateways_ack(stack: S
     assert max(samples) <= BUDGET, f"engine held {max(samples)} > budget {BUDGET}"
     assert stack.engine.peak_in_server <= BUDGET
     assert max(samples) >= BUDGET - 2, "the budget was not used: the test did not contend"
+    # Applied at the gateway and acknowledged to the control plane are two moments: wait for
+    # the acknowledgements too.
     await wait_until(
-        lambda: all(g.state.applied_version == state.allocation.version for g in stack.gateways),
+        lambda: all(g.state.applied_version == state.allocation.version for g in stack.gateways)
+        and set(state.applied_versions().values()) == {state.allocation.version},
         message="every gateway acknowledges the latest version",
     )
     allocation = state.allocation

@@ -36,7 +36,7 @@ def test_the_seed_scenario_is_the_studys_setup() -> None:
         "static",
         "demand",
         "slo",
-        "slo-reserve16",
+        "slo-no-preempt",
         "pool",
     ]
     a, b = scenario.tenant("A"), scenario.tenant("B")
@@ -47,6 +47,9 @@ def test_the_seed_scenario_is_the_studys_setup() -> None:
     assert b.arrival.outstanding > scenario.budget_slots  # B is backlogged under any split
     assert b.output_tokens == TokenRange(min_tokens=448, max_tokens=576)  # 512 on average
     assert a.weight == b.weight  # static gives {A: 48, B: 48}
+    assert b.preemptible and not a.preemptible  # the batch tenant's borrowed work yields
+    (no_preempt,) = [r for r in scenario.policies if r.name == "slo-no-preempt"]
+    assert no_preempt.config_overrides == {"pools.0.preemption.enabled": False}
 
 
 @pytest.mark.parametrize("path", sorted(SEED.parent.glob("*.yaml")), ids=lambda path: path.stem)

@@ -14,7 +14,7 @@ from slotshift.bench.stack_config import (
     stack_tenants,
 )
 from slotshift.cli import parse_overrides
-from slotshift.config import apply_overrides, parse_config
+from slotshift.config import PoolConfig, apply_overrides, parse_config
 
 SEED_PATH = Path(__file__).resolve().parents[3] / "bench" / "scenarios" / "seed.yaml"
 SEED = load_scenario(SEED_PATH)
@@ -59,7 +59,17 @@ def test_the_tenants_slos_and_reserve_reach_the_pool() -> None:
     assert (b.ttft_slo_ms, b.e2e_slo_ms) == (None, 15000)
     assert (a.lendable_percent, b.lendable_percent) == (75, 100)
     assert a.borrowing_limit_percent is None
-    assert (a.preemptible, b.preemptible) == (False, False)
+    assert (a.preemptible, b.preemptible) == (False, True)
+
+
+def test_the_seed_run_without_pausing_switches_preemption_off() -> None:
+    def pool_of(run: str) -> PoolConfig:
+        config = parse_config(stack_config_data(SEED, SEED.run(run), PORTS))
+        return apply_overrides(config, merged_overrides(SEED, SEED.run(run), {})).pools[0]
+
+    assert pool_of("slo").preemption.enabled
+    without = pool_of("slo-no-preempt")
+    assert without.policy == "slo" and not without.preemption.enabled
 
 
 def test_a_preemptible_tenant_is_preemptible_in_the_pool() -> None:
