@@ -46,6 +46,15 @@ class VllmServerSettings:
     """Sequences in one batch; requests beyond wait inside vLLM (vllm:num_requests_waiting)."""
     kv_cache_space_gib: int = 1
     """VLLM_CPU_KVCACHE_SPACE: 1 GiB holds about half a million tokens of the tiny model."""
+    block_size_tokens: int = 32
+    """--block-size: tokens per KV-cache block. vLLM's CPU build defaults to 128 when none is
+    given (vllm/platforms/cpu.py), and its prefix cache hits only whole blocks, so a paused
+    request's continuation (its prompt plus what it had generated, admission_gateway/resume.py)
+    would hit nothing unless it were over 128 tokens long. The CPU attention backend declares
+    multiples of 32 (CPUAttentionBackend.get_supported_kernel_block_sizes: MultipleOf(32)), and
+    the platform warns that others are not optimized: 32 is the finest block it supports, and a
+    continuation then recomputes at most 32 prompt tokens (vLLM recomputes a fully cached
+    prompt's last token to get its logits)."""
     otlp_traces_endpoint: str | None = None
     """vLLM's --otlp-traces-endpoint (OTLP/gRPC, e.g. http://127.0.0.1:4317); None: no traces."""
     extra_args: tuple[str, ...] = field(default_factory=tuple)
@@ -100,6 +109,14 @@ class VllmServer:
             str(s.max_num_seqs),
             "--dtype",
             "bfloat16",
+            "--block-size",
+            str(s.block_size_tokens),
+            # On by default in vLLM 0.32, said here because slotshift's resume relies on it: a
+            # continuation's already-computed prefix must be a cache hit, not recomputed.
+            "--enable-prefix-caching",
+            # usage.prompt_tokens_details.cached_tokens: the gateway counts a resumed prompt's
+            # tokens that were not cache hits as waste (slotshift_gateway_waste_tokens_total).
+            "--enable-prompt-tokens-details",
         ]
         if s.otlp_traces_endpoint is not None:
             command += ["--otlp-traces-endpoint", s.otlp_traces_endpoint]

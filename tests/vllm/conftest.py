@@ -28,6 +28,7 @@ BUDGET_SLOTS = 16
 """Below vLLM's --max-num-seqs (64): anything waiting inside vLLM would be an overrun."""
 MAX_NUM_SEQS = 64
 FLOOR_SLOTS = 2
+PAUSED_KEEPALIVE_S = 0.1
 PERIOD_S = 1.0
 LOG_NOISE = "Route:"
 """vLLM lists its ~100 HTTP routes at start; log tails leave those lines out, since they would
@@ -80,6 +81,11 @@ def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
             "pools.0.budget_slots": BUDGET_SLOTS,
             "pools.0.tenants.0.floor_slots": FLOOR_SLOTS,
             "pools.0.tenants.1.floor_slots": FLOOR_SLOTS,
+            # B, the batch tenant, lends nothing and borrows from A; its borrowed work is paused
+            # when A wants its slots back (test_vllm_preemption.py).
+            "pools.0.tenants.1.preemptible": "true",
+            # A paused stream shows an SSE comment this often: the tests tell paused streams by it.
+            "gateway.paused_keepalive_interval_s": PAUSED_KEEPALIVE_S,
             "pools.0.decision_period_s": PERIOD_S,
             "controlplane.grpc_port": cp,
             "controlplane.metrics_port": cp_metrics,

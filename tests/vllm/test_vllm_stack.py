@@ -9,7 +9,6 @@ import logging
 import secrets
 import threading
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from admission_gateway.upstream import open_session, send
-from telemetry_agent.vllm_metrics import VllmSnapshot, parse_vllm_metrics
+from telemetry_agent.vllm_metrics import parse_vllm_metrics
 from tests.grpcurl import (
     decided_at_s,
     decided_demand,
@@ -40,10 +39,19 @@ from tests.vllm.conftest import (
     PERIOD_S,
     VllmStack,
 )
+from tests.vllm.probes import (
+    NOMINAL_SLOTS,
+    Sampler,
+    gateways_in_flight,
+    http_get,
+    tenants,
+    vllm_counter,
+    vllm_snapshot,
+    wait_at_rest,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-NOMINAL_SLOTS = BUDGET_SLOTS // 2
 GATEWAY = "slotshift-gateway"
 VLLM = "vllm"
 
@@ -53,61 +61,6 @@ VLLM = "vllm"
 
 def _client(stack: VllmStack, key: str, gateway: int = 0) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{stack.gateway_urls[gateway]}/v1", api_key=key, max_retries=0)
-
-
-def tenants(stack: VllmStack) -> dict[str, dict[str, int]]:
-    listed = json.loads(
-        grpcurl(stack, "slotshift.v1.AllocationService/ListTenants", data='{"pool": "default"}')
-    )["tenants"]
-    return {
-        t["allocation"]["tenant"]: {
-            "in_flight": int(t.get("in_flight", 0)),
-            "queued": int(t.get("queued", 0)),
-        }
-        for t in listed
-    }
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=5) as response:
-        return str(response.read().decode())
-
-
-def vllm_snapshot(stack: VllmStack) -> VllmSnapshot:
-    """vLLM's own view, through the agent's parser."""
-    return parse_vllm_metrics(_get(f"{stack.vllm_url}/metrics"))
-
-
-def vllm_counter(stack: VllmStack, family: str, **labels: str) -> float:
-    """The sum of a vLLM counter's series that carry `labels`."""
-    total = 0.0
-    for metric in text_string_to_metric_families(_get(f"{stack.vllm_url}/metrics")):
-        if metric.name == family:
-            total += sum(
-                s.value
-                for s in metric.samples
-                if s.name == f"{family}_total" and labels.items() <= s.labels.items()
-            )
-    return total
-
-
-def gateways_in_flight(stack: VllmStack) -> int:
-    """Requests admitted and not yet finished, over both gateways and tenants."""
-    total = 0.0
-    for url in stack.gateway_urls:
-        for metric in text_string_to_metric_families(_get(f"{url}/metrics")):
-            if metric.name == "slotshift_gateway_requests_in_flight":
-                total += sum(s.value for s in metric.samples)
-    return round(total)
-
-
-def wait_at_rest(stack: VllmStack) -> None:
-    wait_until_sync(
-        lambda: limits(stack) == {"A": NOMINAL_SLOTS, "B": NOMINAL_SLOTS},
-        timeout_s=30,
-        interval_s=0.2,
-        message="the stack at rest (nominal limits)",
-    )
 
 
 @dataclass
@@ -156,36 +109,6 @@ class Load:
         for thread in self._threads:
             thread.join(timeout=60)
         self._threads.clear()
-
-
-class Sampler:
-    """Samples vLLM's running + waiting until stopped."""
-
-    def __init__(self, stack: VllmStack) -> None:
-        self.stack = stack
-        self.vllm_in_server: list[float] = []
-        self.sampled_s = 0.0
-        """How long it sampled."""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="sampler")
-        self._started_s = 0.0
-
-    def __enter__(self) -> Sampler:
-        self._started_s = time.monotonic()
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-        self.sampled_s = time.monotonic() - self._started_s
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            snapshot = vllm_snapshot(self.stack)
-            self.vllm_in_server.append(
-                snapshot.num_requests_running + snapshot.num_requests_waiting
-            )
 
 
 # --- the OpenAI API through the gateways ---------------------------------------------------
@@ -333,14 +256,8 @@ def test_vllm_never_holds_more_than_the_budget_while_slots_move(vllm_stack: Vllm
     assert limits_while_a_idles["B"] > NOMINAL_SLOTS
     assert limits_while_a_bursts["A"] > FLOOR_SLOTS
     assert int(version_after) >= int(version_before) + 2, "slots did not move during the load"
-    # A witness only if it kept looking: a sampler starved of CPU could miss an overrun. It took
-    # about 11 samples a second on two busy cores; 4 leaves room for a slower machine. (A count
-    # would not do: how long the load runs depends on the machine.)
-    assert len(sampler.vllm_in_server) >= 4 * sampler.sampled_s
-    # The witness: vLLM's own running + waiting, never above the budget. (Not the gateways' sum:
-    # two processes cannot be read at one instant, and a slot that moves from one gateway to the
-    # other between the two reads is counted twice.)
-    assert max(sampler.vllm_in_server) <= BUDGET_SLOTS
+    # The witness: vLLM's own running + waiting, never above the budget.
+    sampler.assert_never_above(BUDGET_SLOTS)
     # ... while the load could have held far more (the gauge is not stuck low).
     assert max(sampler.vllm_in_server) >= BUDGET_SLOTS - 4
     assert BUDGET_SLOTS < MAX_NUM_SEQS  # so vLLM itself would have let more in
@@ -503,7 +420,7 @@ def test_a_pooled_connection_vllm_closed_is_sent_again_and_vllm_runs_it_once(
 def test_the_agent_reads_real_vllm_and_the_control_plane_sees_it(vllm_stack: VllmStack) -> None:
     agent = {
         (m.name, tuple(sorted(s.labels.items()))): s.value
-        for m in text_string_to_metric_families(_get(vllm_stack.agent_metrics_url))
+        for m in text_string_to_metric_families(http_get(vllm_stack.agent_metrics_url))
         for s in m.samples
     }
     errors = sum(v for (name, _), v in agent.items() if name == "slotshift_agent_scrape_errors")
@@ -516,7 +433,7 @@ def test_the_agent_reads_real_vllm_and_the_control_plane_sees_it(vllm_stack: Vll
 
 
 def test_emulator_metrics_have_live_vllms_names_types_and_labels(vllm_stack: VllmStack) -> None:
-    live = _get(f"{vllm_stack.vllm_url}/metrics")
+    live = http_get(f"{vllm_stack.vllm_url}/metrics")
     assert parse_vllm_metrics(live).model_name == MODEL
     assert shape_differences(asyncio.run(emulator_scrape()), live) == KNOWN_DIFFERENCES
 
