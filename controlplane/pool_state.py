@@ -495,7 +495,7 @@ class PoolState:
                 for (gid, tenant), cell in cells.items()
             }
         grants = compute_grants(self.pool.budget_slots, cells)
-        pauses = self._pause_levels(connected, targets, grants)
+        pauses = self._pause_levels(connected, grants)
         gateways = {
             gid: {
                 t: GatewayLimit(
@@ -532,13 +532,10 @@ class PoolState:
         return published
 
     def _pause_levels(
-        self,
-        connected: Mapping[str, _GatewayRecord],
-        targets: Mapping[str, Mapping[str, int]],
-        grants: Mapping[tuple[str, str], int],
+        self, connected: Mapping[str, _GatewayRecord], grants: Mapping[tuple[str, str], int]
     ) -> dict[tuple[str, str], int]:
-        """Where preemptible borrowers must pause work for a lender (core/preemption.py), unless
-        preemption is off or the pool's recent waste is over its cap."""
+        """Where preemptible tenants must pause work above their limits (core/preemption.py),
+        unless preemption is off or the pool's recent waste is over its cap."""
         settings = self.pool.preemption
         if not settings.enabled or self.waste_percent() > settings.max_waste_percent:
             return {}
@@ -559,10 +556,7 @@ class PoolState:
             for tenant in terms:
                 usage = record.usage.get(tenant, TenantUsage())
                 loads[(gid, tenant)] = CellLoad(
-                    in_flight=usage.in_flight,
-                    queued=usage.queued,
-                    target=targets.get(gid, {}).get(tenant, 0),
-                    grant=grants.get((gid, tenant), 0),
+                    in_flight=usage.in_flight, grant=grants.get((gid, tenant), 0)
                 )
         return pause_levels(terms, loads)
 

@@ -171,6 +171,13 @@ class SloPolicyConfig(_Model):
     above which the engine also counts as saturated. A request waits there briefly between its
     arrival and the next step, so a few waiting is normal and not saturation."""
 
+    full_share_hold_percent: Annotated[float, Field(gt=0, le=100)] | None = 75.0
+    """While a tenant that is not preemptible asks at least this percent of its nominal share
+    (and no more than all of it), no other tenant holds more than its own nominal share (preemptible tenants' work above it is
+    paused): a lender using its share gets the engine as fast as the static split gives it, since
+    every request more in the batch makes each of its tokens slower. Unset: borrowing goes on
+    beside a busy lender, for more throughput and slower tokens."""
+
     learned_reserves: bool = False
     """Size each tenant's reserve (the part of its nominal share lent only to preemptible
     tenants, controlplane/core/reserves.py) from its own recent bursts instead of from

@@ -121,6 +121,15 @@ class SloPolicy:
             # Holding every borrower to its step would leave slots unassigned; the budget is
             # always handed out in full, so the step gives way.
             upper = {t.name: bounds[t.name].upper for t in pool.tenants}
+        at_full_share = _at_full_share(pool, loads, nominal, preemptible, settings)
+        if at_full_share:
+            # A lender that uses its whole share gets the engine as fast as the static split
+            # gives it: every request more in the batch makes each of its tokens slower, so
+            # while it runs nobody else holds more than its own share.
+            upper = {
+                name: value if name in at_full_share else min(value, max(nominal[name], owed[name]))
+                for name, value in upper.items()
+            }
         claims = [
             Claim(owed[t.name], upper[t.name], smoothed[t.name] * t.weight * pressure[t.name])
             for t in pool.tenants
@@ -176,13 +185,38 @@ def _owed(
     load: TenantLoad,
     preemptible: frozenset[str],
 ) -> int:
-    """What the tenant gets at once: what it asks up to its nominal share, and its reserve unless
-    a preemptible tenant may borrow that (its borrowed work is paused as soon as the tenant asks,
-    so lending the reserve to it is safe; the reserve rule keeps other borrowers off it)."""
+    """What the tenant gets at once: what it asks up to its nominal share, and its reserve while
+    it asks anything. An idle tenant's reserve may go to a preemptible tenant (whose borrowed work
+    is paused as soon as the tenant asks, so lending it is safe; the reserve rule keeps other
+    borrowers off it); from a burst's first request on, the reserve is the burst's headroom, so
+    that the requests that follow are admitted at once instead of a round trip each."""
     asked = max(tenant.floor_slots, min(nominal, load.demand_slots))
-    if preemptible - {tenant.name}:
+    if preemptible - {tenant.name} and load.demand_slots == 0:
         return asked
     return max(bounds.reserve, asked)
+
+
+def _at_full_share(
+    pool: PoolConfig,
+    loads: Mapping[str, TenantLoad],
+    nominal: Mapping[str, int],
+    preemptible: frozenset[str],
+    settings: SloPolicyConfig,
+) -> frozenset[str]:
+    """Tenants that are not preemptible and ask at least full_share_hold_percent of their
+    nominal share now, and no more than it (none when the setting is off). A tenant that asks
+    more than its share wants slots before speed, and gets what the claims give it."""
+    percent = settings.full_share_hold_percent
+    if percent is None:
+        return frozenset()
+    return frozenset(
+        t.name
+        for t in pool.tenants
+        if t.name not in preemptible
+        and nominal[t.name] > 0
+        and percent * nominal[t.name] <= loads[t.name].demand_slots * 100
+        and loads[t.name].demand_slots <= nominal[t.name]
+    )
 
 
 def _lend_reserves_to_preemptible(

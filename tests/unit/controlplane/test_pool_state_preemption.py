@@ -150,7 +150,7 @@ def test_waste_over_the_cap_stops_pausing() -> None:
     state.record_demand(gateway.session, 0, wasteful)
     assert state.waste_percent() == pytest.approx(5.0)
     assert state.waste_percent() > POOL.preemption.max_waste_percent
-    assert state._pause_levels({}, {}, {}) == {}
+    assert state._pause_levels({}, {}) == {}
 
 
 def test_budget_holds_while_work_pauses_and_resumes() -> None:

@@ -311,3 +311,48 @@ def test_without_learned_reserves_the_state_names_none() -> None:
     assert isinstance(state, SloPolicyState)
     assert state.reserves is None
     assert state.bursts == {}
+
+
+def _with_preemptible_b(pool: PoolConfig, **slo: object) -> PoolConfig:
+    lender, borrower = pool.tenants
+    return pool.model_copy(
+        update={
+            "tenants": [lender, borrower.model_copy(update={"preemptible": True})],
+            "slo_policy": pool.slo_policy.model_copy(update=slo),
+        }
+    )
+
+
+def test_an_active_lender_holds_its_reserve_even_beside_a_preemptible_borrower() -> None:
+    """Idle, A's reserve of 24 goes to B (preemptible); from A's first request on, A holds it
+    all, so that the requests of its burst that follow are admitted at once."""
+    pool = _with_preemptible_b(_pool(lendable_percent=50))
+    idle, _ = _decide(pool, {"B": TenantLoad(in_flight=92, queued=100)}, {"A": 4, "B": 92})
+    assert idle == {"A": 4, "B": 92}
+    loads = {"A": TenantLoad(queued=1), "B": TenantLoad(in_flight=92, queued=100)}
+    active, _ = _decide(pool, loads, {"A": 4, "B": 92})
+    assert active["A"] == 24
+
+
+@pytest.mark.parametrize(
+    ("demand", "b_limit"),
+    [
+        pytest.param(24, 92 - 24 + 4, id="half its share: B keeps borrowing"),
+        pytest.param(40, 48, id="most of its share: nobody holds more than its own share"),
+        pytest.param(48, 48, id="all of its share"),
+    ],
+)
+def test_a_lender_using_its_share_gets_static_speed(demand: int, b_limit: int) -> None:
+    """(A tenant asking more than its share does not hold the others: see
+    test_a_non_preemptible_borrower_gets_only_the_lendable_parts_and_the_rest_goes_on.)"""
+    pool = _with_preemptible_b(_pool())
+    loads = {"A": TenantLoad(in_flight=demand), "B": TenantLoad(in_flight=48, queued=100)}
+    limits, _ = _decide(pool, loads, {"A": 48, "B": 48})
+    assert limits["B"] == b_limit
+
+
+def test_the_full_share_hold_can_be_switched_off() -> None:
+    pool = _with_preemptible_b(_pool(), full_share_hold_percent=None)
+    loads = {"A": TenantLoad(in_flight=40), "B": TenantLoad(in_flight=48, queued=100)}
+    limits, _ = _decide(pool, loads, {"A": 48, "B": 48})
+    assert limits["B"] > 48
