@@ -158,8 +158,10 @@ async def test_engine_never_holds_more_than_the_budget_and_gateways_ack(stack: S
     # Applied at the gateway and acknowledged to the control plane are two moments: wait for
     # the acknowledgements too.
     await wait_until(
-        lambda: all(g.state.applied_version == state.allocation.version for g in stack.gateways)
-        and set(state.applied_versions().values()) == {state.allocation.version},
+        lambda: (
+            all(g.state.applied_version == state.allocation.version for g in stack.gateways)
+            and set(state.applied_versions().values()) == {state.allocation.version}
+        ),
         message="every gateway acknowledges the latest version",
     )
     allocation = state.allocation
