@@ -245,7 +245,14 @@ class ControlClient:
                 "applied allocation %d: %s",
                 update.version,
                 ", ".join(
-                    f"{t.name}={t.admission.limit_slots}" for t in self._state.tenants.values()
+                    f"{t.name}={t.admission.limit_slots}"
+                    + (
+                        ""
+                        if t.admission.pause_above_slots is None
+                        else f" (pause above {t.admission.pause_above_slots},"
+                        f" {t.admission.in_flight} running)"
+                    )
+                    for t in self._state.tenants.values()
                 ),
             )
             await self._write(call, writes, gateway_pb2.GatewayMessage(ack=ack))

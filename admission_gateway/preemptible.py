@@ -42,6 +42,7 @@ from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import TenantState
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.resume import (
+    COMPLETIONS_PATH,
     SSE_KEEPALIVE,
     CannotResume,
     Resumption,
@@ -96,6 +97,41 @@ class PreemptibleRelay:
         self._metrics = metrics
         self._clock = clock
         self._tracer = tracer
+
+    async def with_prompt_ids(
+        self, path: str, document: dict[str, Any], headers: CIMultiDict[str]
+    ) -> dict[str, Any]:
+        """`document` with a completion's text prompt replaced by its token ids, from the
+        engine's POST /tokenize (the same ids a completion of it gets: special tokens as the
+        request says). vLLM 0.32 drops a stream's `prompt_token_ids` when its first output
+        chunk is empty (a prefill split over steps), and without them a paused request could
+        not continue; with ids in the request they are known from the start. Unchanged when
+        it is not a text completion, or when the engine cannot tokenize (the stream's own ids
+        then apply)."""
+        prompt = document.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if path != COMPLETIONS_PATH or not isinstance(prompt, str):
+            return document
+        query = {"prompt": prompt, "add_special_tokens": document.get("add_special_tokens", True)}
+        if "model" in document:
+            query["model"] = document["model"]
+        try:
+            async with self._session.post(
+                self._engine_url + "/tokenize",
+                data=json.dumps(query).encode(),
+                headers={"Content-Type": "application/json", **_tracing_only(headers)},
+                timeout=self._timeout,
+            ) as response:
+                if response.status != 200:
+                    return document
+                tokens = (await response.json())["tokens"]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            logger.debug("no token ids for a resumable prompt: %s", exc)
+            return document
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return document
+        return {**document, "prompt": tokens}
 
     async def serve(
         self,
@@ -321,6 +357,11 @@ class PreemptibleRelay:
         elapsed = self._clock.monotonic() - arrived
         tenant.e2e.observe(elapsed)
         self._metrics.observe_e2e_latency(tenant.name, elapsed)
+
+
+def _tracing_only(headers: Mapping[str, str]) -> dict[str, str]:
+    """The W3C trace headers among `headers`, for the engine calls that are not the request."""
+    return {k: v for k, v in headers.items() if k.lower() in ("traceparent", "tracestate")}
 
 
 def _upstream_error(status: int, code: str, detail: str = "") -> OpenAIError:

@@ -216,10 +216,11 @@ class OpenAIProxy:
         """A preemptible tenant's resumable request: admitted as pausable and relayed across
         pauses (admission_gateway/preemptible.py)."""
         assert self._preemptible is not None
-        slot = await self._admit(tenant, span, pausable=True)
         request_id = _request_id(request)
         headers = _forwardable(request.headers, _NOT_FORWARDED_UPSTREAM)
         headers["X-Request-Id"] = request_id
+        document = await self._preemptible.with_prompt_ids(path, document, headers)
+        slot = await self._admit(tenant, span, pausable=True)
         response_headers: CIMultiDict[str] = CIMultiDict({"X-Request-Id": request_id})
         return await self._preemptible.serve(
             request,

@@ -49,6 +49,12 @@ COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16
 
 _DONE_EVENT: Final = b"data: [DONE]\n\n"
 
+ASSEMBLED_STREAM_INTERVAL: Final = 16
+"""Tokens per upstream chunk when the gateway assembles the answer itself (a client that did
+not ask for a stream): vLLM's per-request `stream_interval`. The client sees one response
+either way, and one chunk a token would cost the engine's API server and the gateway a JSON
+event each; a pause then discards at most this many tokens less one."""
+
 
 class ResumeError(Exception):
     """Base of this module's errors."""
@@ -736,6 +742,8 @@ class Resumption:
             "continuous_usage_stats": self._continuous_usage,
         }
         body["return_token_ids"] = True
+        if not self.client_streams:
+            body.setdefault("stream_interval", ASSEMBLED_STREAM_INTERVAL)
         if self.attempts:
             # The engine may still be aborting the cut attempt under the client's request_id;
             # the client keeps seeing the first attempt's id anyway.
@@ -757,6 +765,8 @@ class Resumption:
             "continuous_usage_stats": self._continuous_usage,
         }
         body["return_token_ids"] = True
+        if not self.client_streams:
+            body.setdefault("stream_interval", ASSEMBLED_STREAM_INTERVAL)
         return body
 
     def _restart(self) -> None:

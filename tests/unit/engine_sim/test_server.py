@@ -466,3 +466,27 @@ async def test_stop_aborts_what_the_grace_period_does_not_finish(
     with pytest.raises(aiohttp.ClientError):
         await http.get(f"{emulator.url}/health")
     response.close()
+
+
+async def test_tokenize_gives_the_ids_a_completion_of_the_prompt_sees(
+    sim: EngineSim, http: aiohttp.ClientSession
+) -> None:
+    prompt = "the batch job summarises a long report"
+    async with http.post(f"{sim.url}/tokenize", json={"model": MODEL, "prompt": prompt}) as r:
+        assert r.status == 200
+        tokenized = await r.json()
+    assert tokenized == {
+        "count": len(text_token_ids(prompt)),
+        "max_model_len": fast_config().max_model_len,
+        "tokens": list(text_token_ids(prompt)),
+        "token_strs": None,
+    }
+    # The same answer for the text and for its ids (a gateway may send either).
+    answers = []
+    for form in (prompt, tokenized["tokens"]):
+        body = {"model": MODEL, "prompt": form, "max_tokens": 5, "ignore_eos": True}
+        async with http.post(f"{sim.url}/v1/completions", json=body) as response:
+            answers.append((await response.json())["choices"][0]["text"])
+    assert answers[0] == answers[1]
+    async with http.post(f"{sim.url}/tokenize", json={"model": "other", "prompt": "x"}) as r:
+        assert r.status == 404
