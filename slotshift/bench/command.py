@@ -17,19 +17,28 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from slotshift.apportion import nominal_shares
+from slotshift.bench.arrivals import on_windows
 from slotshift.bench.plots import (
     RunSeries,
     plot_allocation,
     plot_gpu_utilization,
+    plot_reclaim,
     plot_throughput,
 )
 from slotshift.bench.runner import RunResult, RunSettings, run_policy
-from slotshift.bench.scenario import Scenario, ScenarioError, load_scenario
+from slotshift.bench.scenario import (
+    POOL_BASELINE,
+    OnOffArrival,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+)
 from slotshift.bench.summary import markdown_table, run_summary, summary_document
 from slotshift.clock import SystemClock
 from slotshift.config import ConfigError
@@ -42,6 +51,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class _RunRecord:
     summary: dict[str, Any]
     series: RunSeries
+    limited: bool
+    """Whether the run had per-tenant limits (not the unpartitioned pool)."""
+    nominal_slots: dict[str, int]
 
 
 def default_out_dir(scenario: str, now: datetime.datetime) -> Path:
@@ -156,7 +168,12 @@ async def _run_all(scenario: Scenario, settings: RunSettings) -> dict[str, _RunR
         )
         if summary["harness"]["disturbed"]:
             print(f"WARNING: {run.name}: {summary['harness']['disturbed']}", file=settings.progress)
-        records[run.name] = _RunRecord(summary, RunSeries(run.name, result.window, result.samples))
+        records[run.name] = _RunRecord(
+            summary,
+            RunSeries(run.name, result.window, result.samples),
+            limited=run.policy != POOL_BASELINE,
+            nominal_slots=nominal_shares(result.config.pools[0]),
+        )
     return records
 
 
@@ -208,6 +225,28 @@ def _write_results(
     plot_throughput(document["policies"], tenants, folder / "throughput.png")
     plot_allocation(series, tenants, scenario.budget_slots, folder / "allocation.png")
     plot_gpu_utilization(series, folder / "gpu_utilization.png")
+    _plot_reclaims(scenario, records, folder)
+
+
+def _plot_reclaims(scenario: Scenario, records: Mapping[str, _RunRecord], folder: Path) -> None:
+    """reclaim_TENANT.png for each bursty tenant: the first burst that starts in the steady
+    window, in every run but the unpartitioned pool (which has no limits)."""
+    limited = [r for r in records.values() if r.limited]
+    if not limited:
+        return
+    window = limited[0].series.window
+    for tenant in scenario.tenants:
+        if not isinstance(tenant.arrival, OnOffArrival):
+            continue
+        starts = [s for s, _ in on_windows(tenant.arrival, window.end_s) if window.holds(s)]
+        if starts:
+            plot_reclaim(
+                [r.series for r in limited],
+                tenant.name,
+                starts[0],
+                limited[0].nominal_slots[tenant.name],
+                folder / f"reclaim_{tenant.name}.png",
+            )
 
 
 def _meta(

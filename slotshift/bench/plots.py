@@ -1,4 +1,5 @@
-"""The plots a person reads at a glance: throughput, allocation against demand, GPU utilisation.
+"""The plots a person reads at a glance: throughput, allocation against demand, a burst's
+reclaim, GPU utilisation.
 
 Drawn with matplotlib's object API on the Agg canvas (Figure.savefig), never pyplot: no global
 figure state, no display needed.
@@ -104,6 +105,43 @@ def plot_allocation(
         axes.set_ylabel("slots / requests")
         axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     axes_list[-1].set_xlabel("seconds from the start of the load")
+    figure.tight_layout()
+    figure.savefig(path)
+
+
+def plot_reclaim(
+    runs: Sequence[RunSeries],
+    tenant: str,
+    burst_start_s: float,
+    nominal_slots: int,
+    path: Path,
+    *,
+    before_s: float = 1.0,
+    after_s: float = 4.0,
+) -> None:
+    """Around one burst's start, per run: the lender's decided limit and what the gateways may
+    admit of it (its grant, steps), the requests it runs and those it queues: how fast its
+    share comes back (with pausing, the queue empties within a control round trip)."""
+    figure = Figure(figsize=(11, 2.4 * len(runs) + 0.6), dpi=DPI)
+    axes_list: list[Axes] = list(figure.subplots(len(runs), 1, squeeze=False)[:, 0])
+    start, end = burst_start_s - before_s, burst_start_s + after_s
+    for axes, run in zip(axes_list, runs, strict=True):
+        near = [s for s in run.samples if start <= s.t_s <= end]
+        times = [s.t_s - burst_start_s for s in near]
+        axes.step(times, _gaps([s.limits.get(tenant) for s in near]), where="post", label="limit")
+        axes.step(
+            times, _gaps([s.granted.get(tenant) for s in near]), where="post", label="granted"
+        )
+        axes.plot(times, _gaps([s.in_flight.get(tenant) for s in near]), label="running")
+        axes.plot(
+            times, _gaps([s.queued.get(tenant) for s in near]), linestyle="--", label="queued"
+        )
+        axes.axhline(nominal_slots, color="black", linewidth=0.6, linestyle=":", label="share")
+        axes.axvline(0.0, color="0.5", linewidth=0.6)
+        axes.set_title(f"{run.name}: tenant {tenant} around a burst's start")
+        axes.set_ylabel("slots / requests")
+        axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    axes_list[-1].set_xlabel(f"seconds from the burst's start (t = {burst_start_s:g} s)")
     figure.tight_layout()
     figure.savefig(path)
 

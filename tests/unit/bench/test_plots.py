@@ -6,7 +6,13 @@ from pathlib import Path
 
 from matplotlib.image import imread
 
-from slotshift.bench.plots import RunSeries, plot_allocation, plot_gpu_utilization, plot_throughput
+from slotshift.bench.plots import (
+    RunSeries,
+    plot_allocation,
+    plot_gpu_utilization,
+    plot_reclaim,
+    plot_throughput,
+)
 from slotshift.bench.stats import Window
 from tests.unit.bench.runs import sample
 
@@ -33,3 +39,12 @@ def test_the_three_plots_are_pngs(tmp_path: Path) -> None:
     plot_gpu_utilization(series, tmp_path / "gpu.png")
     for name in ("throughput.png", "allocation.png", "gpu.png"):
         _assert_png(tmp_path / name)
+
+
+def test_the_reclaim_plot_zooms_on_a_burst(tmp_path: Path) -> None:
+    series = [
+        RunSeries(name, Window(2, 10), [sample(t / 4, {"A": 4, "B": 4}) for t in range(41)])
+        for name in ("slo", "slo-no-preempt")
+    ]
+    plot_reclaim(series, "A", 5.0, 4, tmp_path / "reclaim_A.png")
+    _assert_png(tmp_path / "reclaim_A.png")

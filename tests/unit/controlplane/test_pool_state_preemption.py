@@ -73,9 +73,12 @@ def _settle(state: PoolState, gateways: list[PausingGateway]) -> None:
             state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
 
 
-def test_a_queued_lender_gets_its_share_back_in_one_round_trip() -> None:
+def _borrow_then_burst(pool: PoolConfig) -> tuple[PausingGateway, int]:
+    """B borrows A's idle share; then A's burst of 30 reaches the control plane, the fast path
+    decides, and every push is applied and acknowledged. Returns the gateway and what B ran
+    before the burst."""
     clock = ManualClock()
-    state = _state(clock)
+    state = _state(clock, pool)
     loop = DecisionLoop(state, SloPolicy(), clock=clock)
     gateway = PausingGateway("gw", {"A": 48, "B": 48})
     gateway.connect(state)
@@ -83,16 +86,21 @@ def test_a_queued_lender_gets_its_share_back_in_one_round_trip() -> None:
     _settle(state, [gateway])
     loop.decide_once()
     _settle(state, [gateway])
-    assert gateway.in_flight["B"] > 48, "B borrows A's idle share"
     borrowed = gateway.in_flight["B"]
-    # A bursts: its queue reaches the control plane, the fast path decides, and the push that
-    # carries A's share back tells the gateway how much of B's borrowed work to pause.
     gateway.queued["A"] = 30
     assert gateway.session is not None
     state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
     loop.decide_once(trigger="fast path")
     _settle(state, [gateway])
-    assert gateway.in_flight["A"] == 30, "A runs its whole burst without waiting for B"
+    return gateway, borrowed
+
+
+def test_a_queued_lender_gets_its_share_back_in_one_round_trip() -> None:
+    gateway, borrowed = _borrow_then_burst(POOL)
+    assert borrowed > 48, "B borrowed A's idle share"
+    # The push that carries A's share back tells the gateway how much of B's borrowed work to
+    # pause: A runs its whole burst without waiting for B's requests to end.
+    assert gateway.in_flight["A"] == 30
     assert gateway.paused_total == 30 - (96 - borrowed)
     assert gateway.in_flight["B"] >= 48, "B keeps its own share"
 
@@ -101,38 +109,15 @@ def test_a_borrower_that_did_not_opt_in_is_waited_for() -> None:
     pool = POOL.model_copy(
         update={"tenants": [TenantConfig(name="A", floor_slots=4), TenantConfig(name="B")]}
     )
-    clock = ManualClock()
-    state = _state(clock, pool)
-    loop = DecisionLoop(state, SloPolicy(), clock=clock)
-    gateway = PausingGateway("gw", {"A": 48, "B": 48})
-    gateway.connect(state)
-    gateway.queued["B"] = 200
-    _settle(state, [gateway])
-    loop.decide_once()
-    _settle(state, [gateway])
-    gateway.queued["A"] = 30
-    _settle(state, [gateway])
-    loop.decide_once(trigger="fast path")
-    _settle(state, [gateway])
+    gateway, _ = _borrow_then_burst(pool)
     assert gateway.paused_total == 0
     assert gateway.in_flight["A"] < 30
 
 
 def test_preemption_switched_off_pauses_nothing() -> None:
-    pool = POOL.model_copy(update={"preemption": PreemptionConfig(enabled=False)})
-    clock = ManualClock()
-    state = _state(clock, pool)
-    loop = DecisionLoop(state, SloPolicy(), clock=clock)
-    gateway = PausingGateway("gw", {"A": 48, "B": 48})
-    gateway.connect(state)
-    gateway.queued["B"] = 200
-    _settle(state, [gateway])
-    loop.decide_once()
-    _settle(state, [gateway])
-    gateway.queued["A"] = 30
-    _settle(state, [gateway])
-    loop.decide_once(trigger="fast path")
-    _settle(state, [gateway])
+    gateway, _ = _borrow_then_burst(
+        POOL.model_copy(update={"preemption": PreemptionConfig(enabled=False)})
+    )
     assert gateway.paused_total == 0
 
 
