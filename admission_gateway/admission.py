@@ -11,6 +11,10 @@ Priority and Fairness's fair queuing:
   the moment it arrives but a queued request has been granted it and has not run yet.
 - Growing the limit admits queued requests in FIFO order up to the new limit. Shrinking it never
   cancels a running request: admission just stops until in_flight has fallen below the limit.
+- A pausable request (a preemptible tenant's, docs/preemption.md) may be asked to pause when a
+  pause level is set (`set_pause_above`), youngest by original admission first; it gives its slot
+  back through `resume`, waits ahead of every request never paused (exempt from the queue's
+  timeout, depth and `close`) and continues on a new slot with its original admission time.
 - A slot is released exactly once, however its request ends (normal end, error, cancellation
   while queued or while running): `Slot` is an async context manager and release is idempotent.
 

@@ -20,6 +20,11 @@ the stream has begun, the status can no longer change: the gateway ends the stre
 `data: {"error": ...}` event, as vLLM itself does. If the client goes away, the server cancels the
 handler (handler_cancellation), which aborts the upstream request and releases the slot.
 
+A preemptible tenant's request of a resumable shape (admission_gateway/resume.py) is admitted as
+pausable and relayed by admission_gateway/preemptible.py instead: streamed upstream with token
+ids, paused when the control plane takes the tenant's borrowed slots back, and resumed as a
+continuation of the same answer (docs/preemption.md).
+
 Traces (see docs/operations.md): each /v1 request is a server span named after its route,
 continuing the client's W3C trace context if it sent one, with the tenant, the pool, the gateway,
 the allocation version and the outcome as attributes (never the API key); its queue wait is a
