@@ -110,11 +110,19 @@ async def send(
     )
 
 
+_BODY_NOT_WRITTEN = "Can not write request body"
+"""What aiohttp's ClientOSError says when the request body could not be sent
+(aiohttp/client_reqrep.py, write_bytes)."""
+
+
 def _never_received(exc: aiohttp.ClientError, attempt: _Attempt) -> bool:
     """Whether `exc` shows a stale pooled connection: the engine did not get the request."""
     if isinstance(exc, TimeoutError):
         # The engine may be working on it.
         return False
+    if isinstance(exc, aiohttp.ClientOSError) and _BODY_NOT_WRITTEN in str(exc):
+        # Whatever the connection: an engine that did not get the whole body cannot run it.
+        return True
     if attempt.reused != [True]:
         # A fresh connection (the engine may have read the request before it failed), or
         # aiohttp already spent the one retry on an idempotent request, or we cannot tell.

@@ -403,6 +403,14 @@ def preemption(preemptible_stack: VllmStack) -> Iterator[PreemptionRun]:
         paused_shapes = {s.request.path for s in timeline["sent"] if s.answer.paused}
         if timeline["moved"].pauses >= 1 and paused_shapes == SHAPES:
             break
+    else:
+        failed = [s for s in timeline["sent"] if s.answer.status != 200]
+        assert not failed, [(s.request.path, s.answer.raw[:200]) for s in failed]
+        # Not a pass: nothing here was shown either way (the emulator's tests show it exactly).
+        pytest.skip(
+            f"three timelines paused {sorted(paused_shapes)} of {sorted(SHAPES)}: the bursts "
+            "did not land on B's borrowed streams on this machine"
+        )
     sent: list[Sent] = timeline["sent"]
     wait_at_rest(vllm_stack)
     before = Counters.read(vllm_stack)

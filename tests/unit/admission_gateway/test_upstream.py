@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 from pydantic import ValidationError
 
-from admission_gateway.upstream import open_session, send
+from admission_gateway.upstream import _Attempt, _never_received, open_session, send
 from slotshift.config import GatewayConfig
 from tests.unit.admission_gateway.conftest import StartGateway, auth
 
@@ -420,3 +420,12 @@ async def test_a_read_timeout_on_a_pooled_connection_is_never_retried(
                 client_timeout=aiohttp.ClientTimeout(total=10, sock_read=0.2),
             )
     assert (prompts(engine), engine.connections) == (["a", "b"], 1)
+
+
+def test_a_body_that_could_not_be_written_is_never_received_on_any_connection() -> None:
+    """An engine that did not get the whole body cannot have run the request, so that failure is
+    retried even on a fresh connection (where a reset after the body was sent is not)."""
+    fresh = _Attempt(reused=[False])
+    unwritten = aiohttp.ClientOSError(None, "Can not write request body for http://engine/v1")
+    assert _never_received(unwritten, fresh)
+    assert not _never_received(aiohttp.ClientOSError(104, "Connection reset by peer"), fresh)
