@@ -599,6 +599,11 @@ class LocalStackConfig(_Model):
     vllm_max_num_seqs: Annotated[int, Field(ge=1)] = 64
     """vLLM's --max-num-seqs: requests in one batch; beyond it requests wait inside vLLM."""
 
+    vllm_block_size_tokens: Annotated[int, Field(ge=32, multiple_of=32)] | None = 32
+    """vLLM's --block-size: KV-cache block tokens (its CPU build takes multiples of 32). Small
+    blocks let a paused request's continuation hit the prefix cache (it hits whole blocks
+    only); unset: vLLM's own choice (128 on the CPU)."""
+
     vllm_ready_timeout_s: PositiveSeconds = 120.0
     """Seconds the CPU vLLM gets to answer /health (35-100 s here: the first start of a model
     compiles it)."""

@@ -46,8 +46,8 @@ class VllmServerSettings:
     """Sequences in one batch; requests beyond wait inside vLLM (vllm:num_requests_waiting)."""
     kv_cache_space_gib: int = 1
     """VLLM_CPU_KVCACHE_SPACE: 1 GiB holds about half a million tokens of the tiny model."""
-    block_size_tokens: int = 32
-    """--block-size: tokens per KV-cache block. vLLM's CPU build defaults to 128 when none is
+    block_size_tokens: int | None = 32
+    """--block-size (None: vLLM's own choice): tokens per KV-cache block. vLLM's CPU build defaults to 128 when none is
     given (vllm/platforms/cpu.py), and its prefix cache hits only whole blocks, so a paused
     request's continuation (its prompt plus what it had generated, admission_gateway/resume.py)
     would hit nothing unless it were over 128 tokens long. The CPU attention backend declares
@@ -109,8 +109,6 @@ class VllmServer:
             str(s.max_num_seqs),
             "--dtype",
             "bfloat16",
-            "--block-size",
-            str(s.block_size_tokens),
             # On by default in vLLM 0.32, said here because slotshift's resume relies on it: a
             # continuation's already-computed prefix must be a cache hit, not recomputed.
             "--enable-prefix-caching",
@@ -120,6 +118,8 @@ class VllmServer:
         ]
         if s.otlp_traces_endpoint is not None:
             command += ["--otlp-traces-endpoint", s.otlp_traces_endpoint]
+        if s.block_size_tokens is not None:
+            command += ["--block-size", str(s.block_size_tokens)]
         return [*command, *s.extra_args]
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:

