@@ -511,11 +511,13 @@ def test_resumed_prompts_hit_the_prefix_cache_and_waste_stays_small(
     originals = sum(s.answer.totals["prompt_tokens"] for s in preemption.sent if s.answer.totals)
     resumed_prompt_tokens = moved.cache_queries - originals - preemption.lender_prompt_tokens
     assert resumed_prompt_tokens >= BLOCK_TOKENS, moved
-    # The continuations hit: at least half of their prompts came from the cache.
-    assert moved.cache_hits >= resumed_prompt_tokens / 2, moved
+    # The continuations hit: all of their prompts but the last, partial blocks came from the
+    # cache (under two blocks a resume, see below), and at least something did.
+    assert moved.cache_hits >= max(1, resumed_prompt_tokens - moved.pauses * 2 * BLOCK_TOKENS), (
+        moved
+    )
     # The gateways' waste counter reads usage.prompt_tokens_details.cached_tokens: a resume
     # recomputes only what lies past the last full cached block (under two blocks: the partial
     # one, and one the engine may not have committed when the pause cut it), but not nothing
     # (vLLM computes at least each prompt's last token).
     assert 1 <= moved.recomputed_prompt <= moved.pauses * 2 * BLOCK_TOKENS, moved
-    assert moved.recomputed_prompt < resumed_prompt_tokens / 2, moved
