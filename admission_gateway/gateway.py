@@ -19,7 +19,6 @@ import ssl
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -31,7 +30,7 @@ from admission_gateway.errors import openai_errors
 from admission_gateway.gateway_state import GatewayState
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.proxy import OpenAIProxy
-from admission_gateway.upstream import open_session
+from admission_gateway.upstream import EngineClient
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import ConfigError, SlotshiftConfig
@@ -83,7 +82,7 @@ class AdmissionGateway:
         self._authenticator = Authenticator.for_pool(self._pool)
         self._tasks = Supervisor("admission-gateway")
         self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._engine: EngineClient | None = None
         self._proxy: OpenAIProxy | None = None
         self._port: int | None = None
         self._gateway_id: str | None = None
@@ -124,14 +123,14 @@ class AdmissionGateway:
     async def start(self) -> None:
         """Bind the HTTP server, open the upstream session and start the control stream."""
         ssl_context, security, engine_ssl = await asyncio.to_thread(self._load_tls)
-        self._session = open_session(
+        self._engine = EngineClient(
             engine_ssl=engine_ssl,
             keepalive_timeout_s=self._settings.upstream_keepalive_timeout_s,
         )
         self._proxy = OpenAIProxy(
             state=self.state,
             authenticator=self._authenticator,
-            session=self._session,
+            engine=self._engine,
             engine_url=self._pool.engine_url,
             upstream_timeout_s=self._settings.upstream_timeout_s,
             max_body_bytes=self._settings.max_body_bytes,
@@ -168,7 +167,7 @@ class AdmissionGateway:
         except BaseException:
             # e.g. the port is taken: leave nothing open behind.
             await self._runner.cleanup()
-            await self._session.close()
+            await self._engine.close()
             raise
         self._port = _bound_port(self._runner)
         self._gateway_id = self._requested_gateway_id or f"{socket.gethostname()}:{self._port}"
@@ -238,8 +237,8 @@ class AdmissionGateway:
         if self._runner is not None:
             await self._runner.cleanup()
         await self._tasks.stop()
-        if self._session is not None:
-            await self._session.close()
+        if self._engine is not None:
+            await self._engine.close()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -50,7 +50,7 @@ from admission_gateway.resume import (
     SseTooLong,
     UpstreamProtocolError,
 )
-from admission_gateway.upstream import send as send_upstream
+from admission_gateway.upstream import EngineClient
 from slotshift.clock import Clock
 from slotshift.trace_context import inject_into
 
@@ -82,7 +82,7 @@ class PreemptibleRelay:
     def __init__(
         self,
         *,
-        session: aiohttp.ClientSession,
+        engine: EngineClient,
         engine_url: str,
         upstream_timeout_s: float,
         paused_keepalive_interval_s: float,
@@ -90,7 +90,7 @@ class PreemptibleRelay:
         clock: Clock,
         tracer: trace.Tracer,
     ) -> None:
-        self._session = session
+        self._engine = engine
         self._engine_url = engine_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
         self._keepalive_s = paused_keepalive_interval_s
@@ -117,7 +117,7 @@ class PreemptibleRelay:
         if "model" in document:
             query["model"] = document["model"]
         try:
-            async with self._session.post(
+            async with self._engine.pooled.post(
                 self._engine_url + "/tokenize",
                 data=json.dumps(query).encode(),
                 headers={"Content-Type": "application/json", **_tracing_only(headers)},
@@ -229,8 +229,7 @@ class PreemptibleRelay:
             attempt_headers = CIMultiDict(headers)
             inject_into(attempt_headers, span)
             try:
-                upstream = await send_upstream(
-                    self._session,
+                upstream = await self._engine.send(
                     "POST",
                     url,
                     data=body,

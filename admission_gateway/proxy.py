@@ -2,7 +2,7 @@
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (streamed or not) take a slot of
 the caller's tenant for as long as the engine works on them; `GET /v1/models` needs a key but no
-slot. Everything goes to the pool's engine through one shared aiohttp ClientSession.
+slot. Everything goes to the pool's engine through one shared EngineClient (upstream.py).
 
 Errors are OpenAI-style JSON bodies (see errors.py):
 - 401 missing, malformed or unknown API key;
@@ -56,7 +56,7 @@ from admission_gateway.gateway_state import GatewayState, TenantState
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.preemptible import PreemptibleRelay
 from admission_gateway.resume import not_resumable
-from admission_gateway.upstream import send as send_upstream
+from admission_gateway.upstream import EngineClient
 from slotshift.clock import Clock
 from slotshift.trace_context import inject_into, parent_from
 
@@ -92,7 +92,7 @@ class OpenAIProxy:
         *,
         state: GatewayState,
         authenticator: Authenticator,
-        session: aiohttp.ClientSession,
+        engine: EngineClient,
         engine_url: str,
         upstream_timeout_s: float,
         max_body_bytes: int,
@@ -108,7 +108,7 @@ class OpenAIProxy:
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._preemptible = (
             PreemptibleRelay(
-                session=session,
+                engine=engine,
                 engine_url=engine_url,
                 upstream_timeout_s=upstream_timeout_s,
                 paused_keepalive_interval_s=paused_keepalive_interval_s,
@@ -123,7 +123,7 @@ class OpenAIProxy:
         self.gateway_id = gateway_id
         """This gateway's id, on every request's span (set by the gateway once it is bound)."""
         self._authenticator = authenticator
-        self._session = session
+        self._engine = engine
         self._engine_url = engine_url.rstrip("/")
         self._upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
         self._max_body_bytes = max_body_bytes
@@ -393,8 +393,7 @@ class OpenAIProxy:
         # own traceparent, if any, is this span's ancestor.
         inject_into(headers, span)
         try:
-            upstream = await send_upstream(
-                self._session,
+            upstream = await self._engine.send(
                 request.method,
                 url,
                 data=body,

@@ -8,17 +8,19 @@ write or a disconnect before any byte of a response. The engine never read it, s
 would fail a request for nothing. Two defences:
 
 - the pool forgets idle connections sooner than the engine closes them
-  (`gateway.upstream_keepalive_timeout_s`), which closes the race in the common case;
-- `send` retries once a request whose *reused* pooled connection failed that way. Nothing else
-  is retried (RFC 9112, 9.3.1: a request that may have been processed is not repeated): not a
-  request that got any part of a response, not one on a fresh connection (the engine may have
-  read it before it fell over), not a timeout. An engine that reads a request and then drops
-  its reused connection without a byte of answer looks the same as a stale connection, so such
-  a request reaches it twice; the first copy is aborted there, its connection being gone.
+  (`gateway.upstream_keepalive_timeout_s`), which closes the race in the common case (a gateway
+  whose loop is busy relaying streams releases a connection late, so the margin can vanish);
+- `send` sends again, once and on a connection of its own (never another pooled one: when one
+  pooled connection was stale, the others of its age are too), a request whose *reused* pooled
+  connection failed that way. Nothing else is retried (RFC 9112, 9.3.1: a request that may
+  have been processed is not repeated): not a request that got any part of a response, not one
+  on a fresh connection (the engine may have read it before it fell over), not a timeout. An
+  engine that reads a request and then drops its reused connection without a byte of answer
+  looks the same as a stale connection, so such a request reaches it twice; the first copy is
+  aborted there, its connection being gone.
 
 Which connection a request got is read from aiohttp's tracing signals (a pooled one fires
-`on_connection_reuseconn`, a new one `on_connection_create_end`), so `send` needs a session made
-by `open_session`; on any other session it never retries.
+`on_connection_reuseconn`, a new one `on_connection_create_end`).
 """
 
 from __future__ import annotations
@@ -39,74 +41,92 @@ class _Attempt:
     """What one `session.request` call did, filled in by the tracing signals."""
 
     reused: list[bool] = field(default_factory=list)
-    """One entry per connection the call took, True where it came from the pool; empty on a
-    session without our tracing. aiohttp itself retries an idempotent method once, on a second
-    connection."""
+    """One entry per connection the call took, True where it came from the pool. aiohttp itself
+    retries an idempotent method once, on a second connection (which may be pooled too)."""
 
 
-def open_session(
-    *, engine_ssl: ssl.SSLContext | bool, keepalive_timeout_s: float
+class EngineClient:
+    """The gateway's HTTP client towards the engine: a pool of keep-alive connections whose idle
+    ones are dropped after `keepalive_timeout_s` (keep it below the engine's own keep-alive
+    timeout), with the tracing that `send` reads, and a session that opens a connection per
+    request for `send`'s one retry. `engine_ssl`: how to check an https engine (True: the
+    system's roots). Close it with `close` (or use it as an async context manager)."""
+
+    def __init__(self, *, engine_ssl: ssl.SSLContext | bool, keepalive_timeout_s: float) -> None:
+        if keepalive_timeout_s <= 0:
+            raise ValueError(f"keepalive_timeout_s must be positive, not {keepalive_timeout_s}")
+        tracing = aiohttp.TraceConfig()
+        tracing.on_connection_reuseconn.append(_on_connection_reused)
+        tracing.on_connection_create_end.append(_on_connection_created)
+        self.pooled = _session(
+            # The admission limits are the concurrency limit; aiohttp's default cap of 100
+            # connections would silently queue requests the gateway has already admitted.
+            aiohttp.TCPConnector(limit=0, ssl=engine_ssl, keepalive_timeout=keepalive_timeout_s),
+            [tracing],
+        )
+        """The pooled session, for requests that need no retry (their failure is harmless)."""
+        self._fresh = _session(aiohttp.TCPConnector(limit=0, ssl=engine_ssl, force_close=True), [])
+
+    async def close(self) -> None:
+        await self.pooled.close()
+        await self._fresh.close()
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def send(
+        self,
+        method: str,
+        url: str,
+        *,
+        data: bytes | None,
+        headers: Mapping[str, str],
+        client_timeout: aiohttp.ClientTimeout,
+    ) -> aiohttp.ClientResponse:
+        """`method url` on a pooled connection, sent again once, on a new connection, when it
+        went out on a reused pooled connection that failed on write or closed before any byte
+        of a response (the engine never received it). Returns the response once its status and
+        headers have arrived; the caller reads, releases or closes it. Raises what
+        `session.request` raises: TimeoutError on a timeout (never retried),
+        aiohttp.ClientError on any other failure, of the retry where there was one."""
+        first = _Attempt()
+        try:
+            return await self.pooled.request(
+                method,
+                url,
+                data=data,
+                headers=headers,
+                timeout=client_timeout,
+                trace_request_ctx=first,
+            )
+        except aiohttp.ClientError as exc:
+            if not _never_received(exc, first):
+                raise
+            logger.info(
+                "retrying %s %s on a new connection: its pooled connection to the engine was"
+                " closed before any response (%r)",
+                method,
+                url,
+                exc,
+            )
+        return await self._fresh.request(
+            method, url, data=data, headers=headers, timeout=client_timeout
+        )
+
+
+def _session(
+    connector: aiohttp.TCPConnector, trace_configs: list[aiohttp.TraceConfig]
 ) -> aiohttp.ClientSession:
-    """A session for proxying to the engine whose idle pooled connections are dropped after
-    `keepalive_timeout_s` (keep it below the engine's own keep-alive timeout), with the tracing
-    that `send` needs. `engine_ssl`: how to check an https engine (True: the system's roots).
-    The caller closes it."""
-    if keepalive_timeout_s <= 0:
-        raise ValueError(f"keepalive_timeout_s must be positive, not {keepalive_timeout_s}")
-    tracing = aiohttp.TraceConfig()
-    tracing.on_connection_reuseconn.append(_on_connection_reused)
-    tracing.on_connection_create_end.append(_on_connection_created)
     return aiohttp.ClientSession(
-        # The admission limits are the concurrency limit; aiohttp's default cap of 100
-        # connections would silently queue requests the gateway has already admitted.
-        connector=aiohttp.TCPConnector(
-            limit=0, ssl=engine_ssl, keepalive_timeout=keepalive_timeout_s
-        ),
+        connector=connector,
         # Bodies pass through as the engine encoded them, and only the client's own headers
         # (not aiohttp's defaults) reach the engine.
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        trace_configs=[tracing],
-    )
-
-
-async def send(
-    session: aiohttp.ClientSession,
-    method: str,
-    url: str,
-    *,
-    data: bytes | None,
-    headers: Mapping[str, str],
-    client_timeout: aiohttp.ClientTimeout,
-) -> aiohttp.ClientResponse:
-    """`session.request(method, url, ...)`, repeated once when the first try went out on a reused
-    pooled connection that failed on write or closed before any byte of a response (the engine
-    never received the request). Returns the response once its status and headers have arrived;
-    the caller reads, releases or closes it. Raises what `session.request` raises: TimeoutError
-    on a timeout (never retried), aiohttp.ClientError on any other failure, of the retry where
-    there was one."""
-    first = _Attempt()
-    try:
-        return await session.request(
-            method, url, data=data, headers=headers, timeout=client_timeout, trace_request_ctx=first
-        )
-    except aiohttp.ClientError as exc:
-        if not _never_received(exc, first):
-            raise
-        logger.info(
-            "retrying %s %s: its pooled connection to the engine was closed before any response"
-            " (%r)",
-            method,
-            url,
-            exc,
-        )
-    return await session.request(
-        method,
-        url,
-        data=data,
-        headers=headers,
-        timeout=client_timeout,
-        trace_request_ctx=_Attempt(),
+        trace_configs=trace_configs,
     )
 
 
@@ -123,9 +143,8 @@ def _never_received(exc: aiohttp.ClientError, attempt: _Attempt) -> bool:
     if isinstance(exc, aiohttp.ClientOSError) and _BODY_NOT_WRITTEN in str(exc):
         # Whatever the connection: an engine that did not get the whole body cannot run it.
         return True
-    if attempt.reused != [True]:
-        # A fresh connection (the engine may have read the request before it failed), or
-        # aiohttp already spent the one retry on an idempotent request, or we cannot tell.
+    if not attempt.reused or not all(attempt.reused):
+        # A fresh connection: the engine may have read the request before it failed.
         return False
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         # aiohttp puts the response message it had parsed (status line, headers) in place of
