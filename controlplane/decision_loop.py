@@ -186,13 +186,15 @@ class DecisionLoop:
         return record
 
     async def run(self) -> None:
-        """Decide now, then every period, or sooner when the fast path asks (at most once per
-        fast_path_min_interval_s), until cancelled."""
+        """Decide now, then every period, or sooner when the fast path asks (at once, unless
+        the last decision began less than fast_path_min_interval_s ago: then when that much
+        time has passed), until cancelled."""
         pool = self.state.pool
         wanted = self.state.decision_wanted
         trigger = "period"
         while True:
             wanted.clear()
+            began = self._clock.monotonic()
             await self.decide(trigger=trigger)
             try:
                 await asyncio.wait_for(wanted.wait(), timeout=pool.decision_period_s)
@@ -200,8 +202,12 @@ class DecisionLoop:
                 trigger = "period"
             else:
                 trigger = self.state.fast_path_reason
-                # Rate limit: a burst of reports must not turn into a burst of decisions.
-                await asyncio.sleep(pool.fast_path_min_interval_s)
+                # Rate limit: a burst of reports must not turn into a burst of decisions. A wish
+                # after a quiet spell is served at once: a lender's first queued request must
+                # not wait out an interval nobody used.
+                delay_s = began + pool.fast_path_min_interval_s - self._clock.monotonic()
+                if delay_s > 0:
+                    await asyncio.sleep(delay_s)
 
 
 def _holding_reserves(decision: PolicyDecision, pool: PoolConfig) -> PolicyDecision:

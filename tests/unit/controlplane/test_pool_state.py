@@ -259,6 +259,40 @@ async def test_decision_loop_reacts_to_the_fast_path_before_the_period() -> None
             await task
 
 
+@pytest.mark.parametrize("quiet_s", [30.0, 0.0])
+async def test_the_fast_path_waits_only_for_what_is_left_of_its_interval(quiet_s: float) -> None:
+    """A wish that comes a whole interval after the last decision is decided at once; one that
+    comes sooner waits for the rest of the interval (30 s here: the test would time out)."""
+    pool = POOL.model_copy(update={"decision_period_s": 60.0, "fast_path_min_interval_s": 30.0})
+    clock = ManualClock()
+    state = PoolState(
+        pool,
+        clock=clock,
+        gateway_lease_ttl_s=6.0,
+        telemetry_stale_after_s=5.0,
+        decision_log_size=64,
+    )
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    task = asyncio.create_task(loop.run(), name="decision-loop")
+    try:
+        await wait_until(lambda: len(state.decisions) == 1, message="the first decision")
+        clock.advance(quiet_s)
+        state.fast_path_reason = "fast path: test"
+        state.decision_wanted.set()
+        if quiet_s:
+            await wait_until(
+                lambda: len(state.decisions) == 2, timeout_s=5, message="a fast-path decision"
+            )
+        else:
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert len(state.decisions) == 1, "decided before the interval had passed"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def test_a_restarted_control_plane_grants_nothing_above_what_gateways_enforce_for_a_lease() -> None:
     """Two gateways hold the whole budget between them when the control plane restarts. The one
     that reconnects first must not be granted the other's slots: the new control plane does not
