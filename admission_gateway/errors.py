@@ -6,9 +6,14 @@ the gateway itself produces, aiohttp's own 404 and 405 included, takes this shap
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 
 from aiohttp import web
+
+logger = logging.getLogger(__name__)
 
 
 class OpenAIError(Exception):
@@ -44,6 +49,54 @@ class OpenAIError(Exception):
 
     def response(self) -> web.Response:
         return web.json_response(self.body(), status=self.status, headers=self.headers)
+
+
+def upstream_timeout() -> OpenAIError:
+    """504: the engine did not answer within upstream_timeout_s."""
+    return OpenAIError(
+        504,
+        "The engine did not finish the request in time.",
+        error_type="timeout_error",
+        code="upstream_timeout",
+    )
+
+
+def upstream_unavailable(detail: str = "") -> OpenAIError:
+    """502: the engine could not be reached, dropped the connection, or ended a stream early."""
+    return OpenAIError(
+        502,
+        f"The engine could not be reached or closed the connection. {detail}".strip(),
+        error_type="upstream_error",
+        code="upstream_unavailable",
+    )
+
+
+def engine_failed(status: int, content: bytes) -> OpenAIError:
+    """The engine's own error answer (an OpenAI error body's message, or the start of whatever
+    else it sent, such as a crashed handler's plain text) with its status, 502 if that was not
+    an error status."""
+    message = content[:200].decode(errors="replace").strip()
+    with contextlib.suppress(ValueError, KeyError, TypeError):
+        message = str(json.loads(content)["error"]["message"])
+    return OpenAIError(
+        status if status >= 400 else 502,
+        f"The engine failed: {message}" if message else "The engine failed.",
+        error_type="upstream_error",
+        code="engine_error",
+    )
+
+
+def sse_error_event(error: OpenAIError) -> bytes:
+    """`error` as the event that ends a stream already under way (vLLM's shape)."""
+    return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
+
+
+async def write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    """Write to a client's stream, saying nothing if the client has gone."""
+    try:
+        await response.write(data)
+    except ConnectionResetError:
+        logger.debug("client went away before the end of its stream")
 
 
 _HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}

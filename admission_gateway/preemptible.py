@@ -37,7 +37,14 @@ from multidict import CIMultiDict
 from opentelemetry import trace
 
 from admission_gateway.admission import Slot
-from admission_gateway.errors import OpenAIError
+from admission_gateway.errors import (
+    OpenAIError,
+    engine_failed,
+    sse_error_event,
+    upstream_timeout,
+    upstream_unavailable,
+    write_quietly,
+)
 from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import TenantState
 from admission_gateway.metrics import GatewayMetrics
@@ -172,7 +179,7 @@ class PreemptibleRelay:
                 except _Ended as ended:
                     self._account(tenant, resumption, accounted)
                     if client is not None:
-                        await _write_quietly(client, _error_event(ended.error))
+                        await write_quietly(client, sse_error_event(ended.error))
                         return client
                     if ended.refusal is not None and attempt == 1:
                         ended.refusal.headers.extend(response_headers)
@@ -189,7 +196,7 @@ class PreemptibleRelay:
         self._observe_e2e(tenant, arrived)
         if client is not None:
             for event in resumption.final_events():
-                await _write_quietly(client, event)
+                await write_quietly(client, event)
             return client
         body = json.dumps(resumption.response()).encode()
         response_headers = CIMultiDict(response_headers)
@@ -214,7 +221,7 @@ class PreemptibleRelay:
         try:
             path, body = resumption.upstream_request()
         except CannotResume as exc:
-            raise _Ended(_upstream_error(502, "upstream_unavailable", str(exc))) from None
+            raise _Ended(upstream_unavailable(str(exc))) from None
         url = self._engine_url + path
         with self._tracer.start_as_current_span(
             f"upstream POST {path}",
@@ -238,11 +245,11 @@ class PreemptibleRelay:
                 )
             except TimeoutError:
                 resumption.attempt_ended()
-                raise _Ended(_upstream_error(504, "upstream_timeout")) from None
+                raise _Ended(upstream_timeout()) from None
             except aiohttp.ClientError as exc:
                 resumption.attempt_ended()
                 logger.warning("engine request failed: %s: %s", type(exc).__name__, exc)
-                raise _Ended(_upstream_error(502, "upstream_unavailable")) from None
+                raise _Ended(upstream_unavailable()) from None
             span.set_attribute("http.response.status_code", upstream.status)
             # Pausing closes the connection: the engine aborts the request, and the read
             # below ends at once.
@@ -256,7 +263,7 @@ class PreemptibleRelay:
                         refusal = web.Response(
                             status=upstream.status, body=content, content_type="application/json"
                         )
-                    raise _Ended(_engine_refusal(upstream.status, content), refusal)
+                    raise _Ended(engine_failed(upstream.status, content), refusal)
                 if client is None and resumption.client_streams:
                     client = web.StreamResponse(status=200, headers=response_headers)
                     client.content_type = "text/event-stream"
@@ -291,7 +298,7 @@ class PreemptibleRelay:
                 upstream.close()
                 resumption.attempt_ended()
                 logger.warning("engine stream unreadable: %s", exc)
-                raise _Ended(_upstream_error(502, "upstream_unavailable")) from None
+                raise _Ended(upstream_unavailable()) from None
             except BaseException:
                 upstream.close()
                 raise
@@ -313,7 +320,7 @@ class PreemptibleRelay:
                 return client, False
             resumption.attempt_ended()
             # The engine ended the stream without finishing the answer.
-            raise _Ended(_upstream_error(502, "upstream_unavailable"))
+            raise _Ended(upstream_unavailable())
 
     async def _wait_to_resume(
         self, tenant: TenantState, slot: Slot, client: web.StreamResponse | None
@@ -363,35 +370,6 @@ def _tracing_only(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() in ("traceparent", "tracestate")}
 
 
-def _upstream_error(status: int, code: str, detail: str = "") -> OpenAIError:
-    messages = {
-        "upstream_timeout": "The engine did not finish the request in time.",
-        "upstream_unavailable": "The engine could not be reached or closed the connection.",
-    }
-    return OpenAIError(
-        status,
-        f"{messages[code]} {detail}".strip(),
-        error_type="timeout_error" if status == 504 else "upstream_error",
-        code=code,
-    )
-
-
-def _engine_refusal(status: int, content: bytes) -> OpenAIError:
-    """The engine's own error answer, as an OpenAIError with its status and message."""
-    message = content[:200].decode(errors="replace").strip()
-    try:
-        document = json.loads(content)
-        message = str(document["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        pass
-    return OpenAIError(
-        status if status >= 400 else 502,
-        f"The engine failed: {message}" if message else "The engine failed.",
-        error_type="upstream_error",
-        code="engine_error",
-    )
-
-
 def _error_response(error: Mapping[str, Any], response_headers: CIMultiDict[str]) -> web.Response:
     """The engine's mid-stream error event, as a non-streaming client's answer."""
     detail = error.get("error")
@@ -400,14 +378,3 @@ def _error_response(error: Mapping[str, Any], response_headers: CIMultiDict[str]
     headers = CIMultiDict(response_headers)
     headers["Content-Type"] = "application/json"
     return web.Response(status=status, body=json.dumps(error).encode(), headers=headers)
-
-
-def _error_event(error: OpenAIError) -> bytes:
-    return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
-
-
-async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
-    try:
-        await response.write(data)
-    except ConnectionResetError:
-        logger.debug("client went away before the end of its stream")

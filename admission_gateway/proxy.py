@@ -50,7 +50,14 @@ from opentelemetry import trace
 
 from admission_gateway.admission import AdmissionClosed, QueueFull, QueueTimeout, Slot
 from admission_gateway.auth import AuthenticationError, Authenticator
-from admission_gateway.errors import OpenAIError
+from admission_gateway.errors import (
+    OpenAIError,
+    engine_failed,
+    sse_error_event,
+    upstream_timeout,
+    upstream_unavailable,
+    write_quietly,
+)
 from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import GatewayState, TenantState
 from admission_gateway.metrics import GatewayMetrics
@@ -401,7 +408,7 @@ class OpenAIProxy:
                 client_timeout=self._upstream_timeout,
             )
         except TimeoutError:
-            raise _upstream_timeout() from None
+            raise upstream_timeout() from None
         except aiohttp.ClientError as exc:
             raise _upstream_failed(exc) from None
         _record_status(span, upstream.status, None, client=True)
@@ -411,7 +418,7 @@ class OpenAIProxy:
             try:
                 content = await upstream.read()
             except TimeoutError:
-                raise _upstream_timeout() from None
+                raise upstream_timeout() from None
             except aiohttp.ClientError as exc:
                 raise _upstream_failed(exc) from None
             if tenant is not None and arrived is not None and upstream.status < 400:
@@ -419,7 +426,7 @@ class OpenAIProxy:
             if upstream.status >= 400 and upstream.content_type != "application/json":
                 # A crashed handler in the engine's web server answers plain text; OpenAI
                 # clients read errors as JSON.
-                raise _engine_error(upstream.status, content)
+                raise engine_failed(upstream.status, content)
             response_headers = _forwardable(upstream.headers, _NOT_FORWARDED_DOWNSTREAM)
             response_headers["X-Request-Id"] = request_id
             if upstream.status == 503 and "Retry-After" not in response_headers:
@@ -455,11 +462,11 @@ class OpenAIProxy:
                 chunk = await upstream.content.readany()
             except TimeoutError:
                 upstream.close()
-                await _end_stream_with_error(response, _upstream_timeout())
+                await write_quietly(response, sse_error_event(upstream_timeout()))
                 return response
             except aiohttp.ClientError as exc:
                 upstream.close()
-                await _end_stream_with_error(response, _upstream_failed(exc))
+                await write_quietly(response, sse_error_event(_upstream_failed(exc)))
                 return response
             if not chunk:
                 break
@@ -543,37 +550,6 @@ def _forwardable(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMulti
     return forwarded
 
 
-def _upstream_timeout() -> OpenAIError:
-    return OpenAIError(
-        504,
-        "The engine did not finish the request in time.",
-        error_type="timeout_error",
-        code="upstream_timeout",
-    )
-
-
 def _upstream_failed(exc: BaseException) -> OpenAIError:
     logger.warning("engine request failed: %s: %s", type(exc).__name__, exc)
-    return OpenAIError(
-        502,
-        "The engine could not be reached or closed the connection.",
-        error_type="upstream_error",
-        code="upstream_unavailable",
-    )
-
-
-def _engine_error(status: int, content: bytes) -> OpenAIError:
-    excerpt = content[:200].decode(errors="replace").strip()
-    return OpenAIError(
-        status,
-        f"The engine failed: {excerpt}" if excerpt else "The engine failed.",
-        error_type="upstream_error",
-        code="engine_error",
-    )
-
-
-async def _end_stream_with_error(response: web.StreamResponse, error: OpenAIError) -> None:
-    try:
-        await response.write(b"data: " + json.dumps(error.body()).encode() + b"\n\n")
-    except ConnectionResetError:
-        logger.debug("client went away before the stream's error event")
+    return upstream_unavailable()

@@ -8,26 +8,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 
 import aiohttp
 import pytest
 
-from admission_gateway.gateway import AdmissionGateway
-from controlplane.server import ControlPlane
-from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig, parse_config
+from tests.integration.stack import Stack, start_stack
 from tests.support import wait_until
 
 BUDGET = 24
-
-
-@dataclass
-class Stack:
-    config: SlotshiftConfig
-    engine: EngineSim
-    control_plane: ControlPlane
-    gateways: list[AdmissionGateway]
 
 
 def _config(engine_url: str, grpc_port: int, policy: str = "demand") -> SlotshiftConfig:
@@ -60,34 +49,16 @@ def _config(engine_url: str, grpc_port: int, policy: str = "demand") -> Slotshif
     )
 
 
-async def _start(exits: AsyncExitStack, policy: str) -> Stack:
-    base = _config("http://127.0.0.1:1", 0, policy)
-    engine = EngineSim(base.engine_sim)
-    await engine.start()
-    exits.push_async_callback(engine.stop)
-    control_plane = ControlPlane(base)
-    await control_plane.start()
-    exits.push_async_callback(control_plane.stop)
-    config = _config(engine.url, control_plane.grpc_port, policy)
-    gateways = []
-    for index in range(3):
-        gateway = AdmissionGateway(config, gateway_id=f"gw-{index}")
-        await gateway.start()
-        exits.push_async_callback(gateway.stop)
-        gateways.append(gateway)
-    return Stack(config, engine, control_plane, gateways)
-
-
 @pytest.fixture
 async def stack() -> AsyncIterator[Stack]:
     async with AsyncExitStack() as exits:
-        yield await _start(exits, "demand")
+        yield await start_stack(exits, lambda url, port: _config(url, port, "demand"))
 
 
 @pytest.fixture
 async def static_stack() -> AsyncIterator[Stack]:
     async with AsyncExitStack() as exits:
-        yield await _start(exits, "static")
+        yield await start_stack(exits, lambda url, port: _config(url, port, "static"))
 
 
 async def _closed_loop(

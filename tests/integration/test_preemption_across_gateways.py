@@ -14,10 +14,8 @@ from contextlib import AsyncExitStack
 import aiohttp
 import pytest
 
-from admission_gateway.gateway import AdmissionGateway
-from controlplane.server import ControlPlane
-from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig, parse_config
+from tests.integration.stack import Stack, start_stack
 from tests.support import wait_until
 
 BUDGET = 24
@@ -63,23 +61,9 @@ def _config(engine_url: str, grpc_port: int) -> SlotshiftConfig:
 
 
 @pytest.fixture
-async def stack() -> AsyncIterator[tuple[EngineSim, ControlPlane, list[AdmissionGateway]]]:
+async def stack() -> AsyncIterator[Stack]:
     async with AsyncExitStack() as exits:
-        base = _config("http://127.0.0.1:1", 0)
-        engine = EngineSim(base.engine_sim)
-        await engine.start()
-        exits.push_async_callback(engine.stop)
-        control_plane = ControlPlane(base)
-        await control_plane.start()
-        exits.push_async_callback(control_plane.stop)
-        config = _config(engine.url, control_plane.grpc_port)
-        gateways = []
-        for index in range(3):
-            gateway = AdmissionGateway(config, gateway_id=f"gw-{index}")
-            await gateway.start()
-            exits.push_async_callback(gateway.stop)
-            gateways.append(gateway)
-        yield engine, control_plane, gateways
+        yield await start_stack(exits, _config)
 
 
 async def _stream(
@@ -111,9 +95,9 @@ async def _stream(
 
 
 async def test_a_lender_runs_at_once_while_the_borrowers_work_pauses_and_resumes(
-    stack: tuple[EngineSim, ControlPlane, list[AdmissionGateway]],
+    stack: Stack,
 ) -> None:
-    engine, control_plane, gateways = stack
+    engine, control_plane, gateways = stack.engine, stack.control_plane, stack.gateways
     state = control_plane.pools["default"]
     await wait_until(lambda: state.gateways_connected == 3, message="three gateways connected")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:

@@ -219,7 +219,8 @@ def test_backlogged_tenant_gains_slots_from_an_idle_one_within_two_periods(
         # vLLM itself runs more of B's requests than B's nominal share.
         wait_until_sync(
             lambda: vllm_snapshot(vllm_stack).num_requests_running > NOMINAL_SLOTS,
-            timeout_s=10,
+            # Each reading is one instant, and /metrics answers in seconds on two busy cores.
+            timeout_s=30,
             message="vLLM to run more than B's nominal share",
         )
     finally:
@@ -240,13 +241,14 @@ def test_vllm_never_holds_more_than_the_budget_while_slots_move(vllm_stack: Vllm
             b.start(clients=2 * BUDGET_SLOTS)
             # The scenario's timeline: A idles while B borrows (a decision or two; on two cores
             # shared with vLLM one can come late, so wait for it rather than a fixed time).
+            # This wait is the check that B borrows (not a second reading after it: the demand
+            # policy follows B's demand of the moment, and a later reading may meet a lull).
             wait_until_sync(
                 lambda: limits(vllm_stack)["B"] > NOMINAL_SLOTS,
                 timeout_s=20,
                 interval_s=0.5,
                 message="B to borrow A's idle share",
             )
-            limits_while_a_idles = limits(vllm_stack)
             a.start(clients=2 * BUDGET_SLOTS)
             time.sleep(6.0)  # A bursts: its slots come back from B
             limits_while_a_bursts = limits(vllm_stack)
@@ -260,7 +262,6 @@ def test_vllm_never_holds_more_than_the_budget_while_slots_move(vllm_stack: Vllm
     ][0]["allocation_version"]
     assert a.failures == [] and b.failures == []
     assert a.completed > 0 and b.completed > 0
-    assert limits_while_a_idles["B"] > NOMINAL_SLOTS
     assert limits_while_a_bursts["A"] > FLOOR_SLOTS
     assert int(version_after) >= int(version_before) + 2, "slots did not move during the load"
     # The witness: vLLM's own running + waiting, never above the budget.

@@ -5,12 +5,10 @@ the prefix cache's counters; the budget witness."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine_sim.server import EngineSim
@@ -22,44 +20,22 @@ from engine_sim.tokens import (
 )
 from slotshift.config import EngineSimConfig
 from tests.support import wait_until
+from tests.unit.engine_sim.conftest import MODEL, fast_config
 
-MODEL = "test-model"
 BLOCK = 16
 EOS_MAX = 60
 """pseudo_eos_max_tokens: a mean output of 30.5 tokens without ignore_eos."""
 
 
 def config(**overrides: Any) -> EngineSimConfig:
-    fields: dict[str, Any] = {
-        "port": 0,
-        "model_name": MODEL,
-        "max_model_len": 2048,
-        "kv_cache_blocks": 1024,
-        "block_size_tokens": BLOCK,
-        "step_base_ms": 0.5,
-        "step_per_seq_ms": 0.01,
-        "step_per_prefill_token_us": 0.5,
-        "pseudo_eos_max_tokens": EOS_MAX,
-        "shutdown_grace_s": 0.2,
-    }
-    fields.update(overrides)
-    return EngineSimConfig(**fields)
+    return fast_config(
+        **{"block_size_tokens": BLOCK, "pseudo_eos_max_tokens": EOS_MAX, **overrides}
+    )
 
 
-@pytest_asyncio.fixture
-async def sim() -> AsyncIterator[EngineSim]:
-    emulator = EngineSim(config())
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
-
-
-@pytest_asyncio.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
+@pytest.fixture
+def sim_config() -> EngineSimConfig:
+    return config()
 
 
 async def sse_chunks(

@@ -26,10 +26,9 @@ from engine_sim.tokens import (
     text_token_ids,
     token_text,
 )
-from slotshift.config import EngineSimConfig
 from tests.support import wait_until
+from tests.unit.engine_sim.conftest import MODEL, fast_config
 
-MODEL = "test-model"
 LABELS = {"model_name": MODEL, "engine": "0"}
 
 
@@ -37,38 +36,6 @@ def expected_text(prompt_ids: tuple[int, ...], max_tokens: int, **law: Any) -> s
     """The text the emulator generates for these prompt ids (fast_config's EOS law)."""
     ids = reference_output_ids(prompt_ids, max_tokens, pseudo_eos_max_tokens=20, **law)
     return "".join(token_text(token_id) for token_id in ids)
-
-
-def fast_config(**overrides: Any) -> EngineSimConfig:
-    fields: dict[str, Any] = {
-        "port": 0,
-        "model_name": MODEL,
-        "max_model_len": 2048,
-        "kv_cache_blocks": 1024,
-        "step_base_ms": 0.5,
-        "step_per_seq_ms": 0.01,
-        "step_per_prefill_token_us": 0.5,
-        "pseudo_eos_max_tokens": 20,
-        "shutdown_grace_s": 0.2,
-    }
-    fields.update(overrides)
-    return EngineSimConfig(**fields)
-
-
-@pytest_asyncio.fixture
-async def sim() -> AsyncIterator[EngineSim]:
-    emulator = EngineSim(fast_config())
-    await emulator.start()
-    try:
-        yield emulator
-    finally:
-        await emulator.stop()
-
-
-@pytest_asyncio.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 @pytest_asyncio.fixture

@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine_sim.server import EngineSim
-from tests.unit.engine_sim.test_server import MODEL, fast_config
+from tests.unit.engine_sim.conftest import MODEL, fast_config
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
