@@ -107,8 +107,8 @@ while True:
 
 class Sampler:
     """Samples vLLM's running + waiting until stopped (a context manager), from a process of
-    its own: a thread of the test process would share its interpreter lock with the load's
-    clients, which relay every token, and sample far less often."""
+    its own: a thread of the test process would share its interpreter lock with the test's own
+    work (and the preemption test's clients, which relay every token) and sample far less often."""
 
     def __init__(self, stack: VllmStack) -> None:
         self.stack = stack

@@ -7,10 +7,13 @@ import asyncio
 import json
 import logging
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -53,6 +56,7 @@ from tests.vllm.probes import (
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 GATEWAY = "slotshift-gateway"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 VLLM = "vllm"
 
 
@@ -65,50 +69,43 @@ def _client(stack: VllmStack, key: str, gateway: int = 0) -> openai.OpenAI:
 
 @dataclass
 class Load:
-    """Threads sending requests through the gateways until stopped; failures are kept."""
+    """Closed-loop clients sending requests through the gateways until finished, from a process
+    of their own (tests/vllm/load_process.py says why); failures are kept."""
 
     stack: VllmStack
     key: str
     max_tokens: int
-    stop: threading.Event = field(default_factory=threading.Event)
     failures: list[str] = field(default_factory=list)
     completed: int = 0
-    _threads: list[threading.Thread] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _process: subprocess.Popen[str] | None = None
 
     def start(self, clients: int) -> None:
-        # One client per gateway, shared by its threads: building one takes a good part of a
-        # second on two busy cores, and building one per thread would stagger the load's start.
-        per_gateway = [
-            _client(self.stack, self.key, g) for g in range(len(self.stack.gateway_urls))
-        ]
-        for index in range(clients):
-            client = per_gateway[index % len(per_gateway)]
-            thread = threading.Thread(target=self._run, args=(client,), name=f"load-{self.key}")
-            thread.start()
-            self._threads.append(thread)
-
-    def _run(self, client: openai.OpenAI) -> None:
-        while not self.stop.is_set():
-            try:
-                client.completions.create(
-                    model=MODEL,
-                    prompt="batch",
-                    max_tokens=self.max_tokens,
-                    extra_body={"ignore_eos": True},
-                )
-            except openai.APIError as exc:
-                with self._lock:
-                    self.failures.append(repr(exc))
-            else:
-                with self._lock:
-                    self.completed += 1
+        self._process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.vllm.load_process",
+                self.key,
+                MODEL,
+                str(self.max_tokens),
+                str(clients),
+                *self.stack.gateway_urls,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+        )
 
     def finish(self) -> None:
-        self.stop.set()
-        for thread in self._threads:
-            thread.join(timeout=60)
-        self._threads.clear()
+        """Stop sending; returns once every client's last request has ended. Idempotent."""
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        out, _ = process.communicate(timeout=150)
+        outcome = json.loads(out.strip().splitlines()[-1])
+        self.completed += outcome["completed"]
+        self.failures.extend(outcome["failures"])
 
 
 # --- the OpenAI API through the gateways ---------------------------------------------------
