@@ -9,6 +9,12 @@ reclaim time is the length of its first shortfall: from the first sample in the 
 the tenant short to the first later one showing it hold what it is owed. A burst in which the
 tenant is never short reclaims in 0 s (it never waited for a slot); one whose first shortfall
 outlasts the burst counts as unresolved. The figure's resolution is the sample interval.
+
+At a request's resolution, a burst's start wait (`burst_start_ttft`) is the slowest time to
+first token among the tenant's requests sent in the burst's first second: what the first
+requests of a burst waited for slots plus the engine's own prefill. Static's is the engine's
+part alone, so a policy's figure over static's is what lending cost the lender at a burst's
+start, which the 0.25 s samples of the reclaim time cannot resolve.
 """
 
 from __future__ import annotations
@@ -18,6 +24,10 @@ from dataclasses import dataclass
 
 from slotshift.bench.sampler import Sample
 from slotshift.bench.stats import Window, percentile
+from slotshift.bench.trace import RequestTrace
+
+BURST_START_S = 1.0
+"""The first part of a burst whose requests' times to first token make its start wait."""
 
 
 @dataclass(frozen=True)
@@ -86,3 +96,29 @@ def reclaim(
         else:
             times.append(ended - began)
     return Reclaim(tuple(times), short_bursts, unresolved)
+
+
+def burst_start_ttft_s(
+    traces: Sequence[RequestTrace],
+    tenant: str,
+    bursts: Sequence[tuple[float, float]],
+    window: Window,
+) -> tuple[float, ...]:
+    """The start wait of every burst (start, end) that starts inside the window: the slowest
+    time to first token among the tenant's requests sent in [start, start + BURST_START_S)
+    (within the burst), of those that got one. Bursts without such a request are left out."""
+    waits = []
+    for start_s, end_s in bursts:
+        if not window.holds(start_s):
+            continue
+        until_s = min(start_s + BURST_START_S, end_s)
+        ttfts = [
+            trace.first_token_s - trace.start_s
+            for trace in traces
+            if trace.tenant == tenant
+            and trace.first_token_s is not None
+            and start_s <= trace.start_s < until_s
+        ]
+        if ttfts:
+            waits.append(max(ttfts))
+    return tuple(waits)

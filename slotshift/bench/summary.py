@@ -27,11 +27,11 @@ from typing import Any, get_args
 from slotshift.apportion import nominal_shares
 from slotshift.bench.arrivals import on_windows
 from slotshift.bench.decisions import trajectory
-from slotshift.bench.reclaim import reclaim
+from slotshift.bench.reclaim import burst_start_ttft_s, reclaim
 from slotshift.bench.runner import RunResult
 from slotshift.bench.sampler import Sample
 from slotshift.bench.scenario import POOL_BASELINE, Goal, OnOffArrival, RatioField, Scenario
-from slotshift.bench.stats import Figure, mean_and_peak, rate, ratio, summarise
+from slotshift.bench.stats import Figure, mean_and_peak, percentile, rate, ratio, summarise
 from slotshift.bench.waste import NO_WASTE_READING, pool_waste, tenant_waste
 
 RATIO_FIELDS: tuple[str, ...] = get_args(RatioField)
@@ -57,10 +57,13 @@ RECLAIM_FIELDS = (
     "reclaim_bursts",
     "reclaim_short_bursts",
     "reclaim_unresolved",
+    "burst_start_ttft_median_ms",
+    "burst_start_ttft_p90_ms",
 )
 """Per tenant with on/off bursts (null for others and in the pool baseline): slotshift/bench/
 reclaim.py's times over the bursts that start in the window, how many bursts were measured, in
-how many the tenant was ever short, and in how many its first shortfall outlasted the burst."""
+how many the tenant was ever short, and in how many its first shortfall outlasted the burst; the
+bursts' start waits (median and p90, ms)."""
 
 WINDOWING = (
     "A request counts when it ends inside the steady window, wherever it started (client-side "
@@ -87,6 +90,9 @@ DEFINITIONS = {
     "shortfall, from the first sample at which the tenant queues at the gateways while running "
     "less than its nominal share to the first later sample at which it does not (0 when it is "
     "never short); resolution: the sample interval",
+    "burst_start_ttft": "per burst of an on/off tenant starting in the window: the slowest time "
+    "to first token among its requests sent in the burst's first second (its first requests' "
+    "wait for slots plus the engine's prefill; a request's resolution)",
     "waste": "output tokens the engine generated that no client received (restarts) plus prompt "
     "tokens it computed again (resumes) that were not prefix-cache hits, between the first and "
     "last samples in the window. Total: vllm:generation_tokens_total's increase minus the output "
@@ -200,19 +206,19 @@ def _reclaim_figures(scenario: Scenario, result: RunResult, tenant: str) -> dict
     if result.run.policy == POOL_BASELINE or not isinstance(arrival, OnOffArrival):
         return dict.fromkeys(RECLAIM_FIELDS)
     pool = result.config.pools[0]
-    measured = reclaim(
-        result.samples,
-        tenant,
-        nominal_shares(pool)[tenant],
-        on_windows(arrival, result.window.end_s),
-        result.window,
-    )
+    bursts = on_windows(arrival, result.window.end_s)
+    measured = reclaim(result.samples, tenant, nominal_shares(pool)[tenant], bursts, result.window)
+    waits_ms = [
+        w * 1000.0 for w in burst_start_ttft_s(result.traces, tenant, bursts, result.window)
+    ]
     return {
         "reclaim_median_s": measured.median_s,
         "reclaim_p90_s": measured.p90_s,
         "reclaim_bursts": measured.bursts,
         "reclaim_short_bursts": measured.short_bursts,
         "reclaim_unresolved": measured.unresolved,
+        "burst_start_ttft_median_ms": percentile(waits_ms, 50) if waits_ms else None,
+        "burst_start_ttft_p90_ms": percentile(waits_ms, 90) if waits_ms else None,
     }
 
 
@@ -357,6 +363,7 @@ _STUDY_ROWS: tuple[tuple[str, str | None, str, str], ...] = (
     ("final cap {tenant} (slots)", "*", "final_cap_slots", "{}"),
     ("reclaim median {tenant} (s)", "*", "reclaim_median_s", "{:.2f}"),
     ("reclaim p90 {tenant} (s)", "*", "reclaim_p90_s", "{:.2f}"),
+    ("burst start TTFT median {tenant} (ms)", "*", "burst_start_ttft_median_ms", "{:,.0f}"),
     ("waste (tokens)", None, "waste_tokens", "{:,.0f}"),
     ("waste (% of output)", None, "waste_percent", "{:.2f}"),
     ("waste {tenant} (% of its output)", "*", "waste_percent", "{:.2f}"),

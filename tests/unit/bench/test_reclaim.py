@@ -1,12 +1,14 @@
-"""Reclaim times from hand-made trajectories: how long a bursty tenant is short of its slots."""
+"""Reclaim times from hand-made trajectories: how long a bursty tenant is short of its slots;
+bursts' start waits from hand-made requests."""
 
 from __future__ import annotations
 
 import pytest
 
-from slotshift.bench.reclaim import is_short, reclaim
+from slotshift.bench.reclaim import burst_start_ttft_s, is_short, reclaim
 from slotshift.bench.sampler import Sample
 from slotshift.bench.stats import Window
+from tests.unit.bench.traces import done, failed
 
 NOMINAL = 48
 WINDOW = Window(10.0, 40.0)
@@ -74,3 +76,25 @@ def test_bursts_outside_the_window_or_without_readings_do_not_count() -> None:
 def test_samples_need_not_come_in_order() -> None:
     samples = [_at(11.0, 9, 0), _at(10.5, 2, 5)]
     assert reclaim(samples, "A", NOMINAL, [(10.0, 15.0)], WINDOW).times_s == (0.5,)
+
+
+def test_a_bursts_start_wait_is_the_slowest_first_token_of_its_first_second() -> None:
+    traces = [
+        done("A", 12.0, 0.05, [0.01]),
+        done("A", 12.0, 0.30, [0.01]),  # the slowest of the burst's first second
+        done("A", 12.9, 0.10, [0.01]),
+        done("A", 13.5, 2.00, [0.01]),  # sent after the first second: not the start's
+        done("B", 12.0, 5.00, [0.01]),  # another tenant
+        failed("A", 12.1, 20.0),  # no first token
+        done("A", 24.0, 0.02, [0.01]),
+        done("A", 5.0, 9.0, [0.01]),  # a burst before the window
+    ]
+    bursts = [(5.0, 9.0), (12.0, 16.0), (24.0, 28.0), (36.0, 40.0)]
+    waits = burst_start_ttft_s(traces, "A", bursts, WINDOW)
+    # The burst at 36 s sent nothing: left out.
+    assert waits == pytest.approx((0.30, 0.02))
+
+
+def test_a_burst_shorter_than_a_second_counts_only_its_own_requests() -> None:
+    traces = [done("A", 12.0, 0.05, [0.01]), done("A", 12.6, 3.0, [0.01])]
+    assert burst_start_ttft_s(traces, "A", [(12.0, 12.5)], WINDOW) == pytest.approx((0.05,))
