@@ -503,10 +503,13 @@ class TenantAdmission:
         if future.cancelled():
             self._remove(waiter)
             if waiter.paused is not None:
-                # Off the queue either way (_admit_waiting may have dropped it already).
+                # Off the queue either way (_admit_waiting may have dropped it already). It was
+                # admitted once: it ends here, as a completion, not as an abandoned arrival.
                 self._paused_waiting -= 1
+                self._completed_total += 1
                 self._update_idle()
-            self._abandoned_total += 1
+            else:
+                self._abandoned_total += 1
         elif future.exception() is None:
             # Granted a slot, then cancelled before it could run: hand the slot on.
             future.result().release()

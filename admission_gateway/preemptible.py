@@ -136,7 +136,12 @@ class PreemptibleRelay:
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             logger.debug("no token ids for a resumable prompt: %s", exc)
             return document
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+        if (
+            not tokens
+            or not isinstance(tokens, list)
+            or not all(isinstance(t, int) for t in tokens)
+        ):
+            # An empty prompt of ids is not resumable, where the text was.
             return document
         return {**document, "prompt": tokens}
 
@@ -155,7 +160,12 @@ class PreemptibleRelay:
         """Run the request to its end across pauses; `slot` is its admitted slot, released
         (or handed on to the next attempt's slot) before this returns. `headers` go to the
         engine; `response_headers` are added to the client's response."""
-        resumption = Resumption(path, dict(document))
+        try:
+            resumption = Resumption(path, dict(document))
+        except ValueError:
+            # The caller checked the document; a slot must never outlive its request.
+            slot.release()
+            raise
         client: web.StreamResponse | None = None
         first_token = FirstTokenDetector()
         accounted = _Accounted()
@@ -188,6 +198,10 @@ class PreemptibleRelay:
                 self._account(tenant, resumption, accounted)
                 if finished:
                     break
+                if client is None and resumption.client_streams:
+                    # Paused before the engine's headers came: the client's stream starts now,
+                    # so that the comments sent while paused keep idle proxies from cutting it.
+                    client = await _open_stream(request, response_headers)
                 slot = await self._wait_to_resume(tenant, slot, client)
         finally:
             slot.release()
@@ -256,23 +270,14 @@ class PreemptibleRelay:
             slot.on_pause(upstream.close, can_pause=resumption.pausable)
             try:
                 if upstream.status != 200 or upstream.content_type != "text/event-stream":
-                    content = await upstream.read()
-                    resumption.attempt_ended()
-                    refusal = None
-                    if upstream.status >= 400 and upstream.content_type == "application/json":
-                        refusal = web.Response(
-                            status=upstream.status, body=content, content_type="application/json"
-                        )
-                    raise _Ended(engine_failed(upstream.status, content), refusal)
-                if client is None and resumption.client_streams:
-                    client = web.StreamResponse(status=200, headers=response_headers)
-                    client.content_type = "text/event-stream"
-                    await client.prepare(request)
+                    await self._refused(upstream, resumption, slot)
+                elif client is None and resumption.client_streams:
+                    client = await _open_stream(request, response_headers)
                 # A cut leaves half an event behind: each attempt decodes afresh.
                 decoder = SseDecoder()
                 # Read through [DONE] (feed ends the attempt there): the usage chunk that comes
                 # after the finish says what the prefix cache saved.
-                while resumption.in_flight:
+                while resumption.in_flight and not slot.pause_requested:
                     try:
                         chunk = await upstream.content.readany()
                     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -283,6 +288,11 @@ class PreemptibleRelay:
                     if not chunk:
                         break
                     for data in decoder.feed(chunk):
+                        if slot.pause_requested:
+                            # Chosen while an event was being written: what the engine sent
+                            # after it was never delivered, and the continuation starts from
+                            # what was (feeding it could make the answer not continuable).
+                            break
                         events = resumption.feed(data)
                         if client is None:
                             continue
@@ -322,6 +332,28 @@ class PreemptibleRelay:
             # The engine ended the stream without finishing the answer.
             raise _Ended(upstream_unavailable())
 
+    async def _refused(
+        self, upstream: aiohttp.ClientResponse, resumption: Resumption, slot: Slot
+    ) -> None:
+        """Read the engine's answer that is not a stream, and end the request with it; return
+        only when a pause cut the read (the attempt then ends as paused)."""
+        try:
+            content = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if slot.pause_requested:
+                return
+            resumption.attempt_ended()
+            if isinstance(exc, TimeoutError):
+                raise _Ended(upstream_timeout()) from None
+            raise _Ended(upstream_unavailable()) from None
+        resumption.attempt_ended()
+        refusal = None
+        if upstream.status >= 400 and upstream.content_type == "application/json":
+            refusal = web.Response(
+                status=upstream.status, body=content, content_type="application/json"
+            )
+        raise _Ended(engine_failed(upstream.status, content), refusal)
+
     async def _wait_to_resume(
         self, tenant: TenantState, slot: Slot, client: web.StreamResponse | None
     ) -> Slot:
@@ -351,7 +383,9 @@ class PreemptibleRelay:
     @staticmethod
     def _account(tenant: TenantState, resumption: Resumption, accounted: _Accounted) -> None:
         """Move the request's token counts onto the tenant's counters (by what changed)."""
-        output = resumption.generated_tokens
+        # A restart starts the answer's count again (what it had is discarded): the counter only
+        # rises, and ends at what the answer finally had.
+        output = max(resumption.generated_tokens, accounted.output)
         tenant.output_tokens_total += output - accounted.output
         recomputed = resumption.recomputed_prompt_tokens
         tenant.recomputed_prompt_tokens_total += recomputed - accounted.recomputed
@@ -363,6 +397,16 @@ class PreemptibleRelay:
         elapsed = self._clock.monotonic() - arrived
         tenant.e2e.observe(elapsed)
         self._metrics.observe_e2e_latency(tenant.name, elapsed)
+
+
+async def _open_stream(
+    request: web.Request, response_headers: CIMultiDict[str]
+) -> web.StreamResponse:
+    """The client's event stream, its status and headers sent."""
+    client = web.StreamResponse(status=200, headers=response_headers)
+    client.content_type = "text/event-stream"
+    await client.prepare(request)
+    return client
 
 
 def _tracing_only(headers: Mapping[str, str]) -> dict[str, str]:

@@ -45,7 +45,8 @@ SSE_KEEPALIVE: Final = b": slotshift paused\n\n"
 """An SSE comment for a paused stream: clients ignore it, idle proxies see traffic."""
 
 COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16
-"""vLLM's `CompletionRequest.max_tokens` default (also what an explicit null becomes)."""
+"""vLLM's `CompletionRequest.max_tokens` default when the key is absent (an explicit null means
+up to the context limit, which the gateway does not know)."""
 
 _DONE_EVENT: Final = b"data: [DONE]\n\n"
 
@@ -315,7 +316,8 @@ def not_resumable(path: str, body: Mapping[str, Any]) -> str | None:
     non-zero presence or frequency penalty, n or best_of above 1, beam search, structured output
     (a `response_format` other than text), tools, or reasoning (`reasoning_effort` other than
     "none", `include_reasoning: false`, `chat_template_kwargs` other than thinking disabled).
-    A key whose value is JSON null counts as absent (vLLM reads null as the default).
+    A key whose value is JSON null counts as absent (vLLM reads null as the default), but for
+    a completion's `max_tokens`, where null means the context limit.
     `stream_options` without `stream` is refused too: vLLM rejects it, and the gateway streams
     every preemptible request upstream, which would accept it.
     """
@@ -337,6 +339,8 @@ def not_resumable(path: str, body: Mapping[str, Any]) -> str | None:
     if body.get("stream_options") is not None and not body.get("stream"):
         return "'stream_options' without 'stream': vLLM rejects it"
     if path == COMPLETIONS_PATH:
+        if "max_tokens" in body and body["max_tokens"] is None:
+            return "'max_tokens': null bounds the output by the context length, unknown here"
         return _prompt_reason(body.get("prompt"))
     if body.get("max_completion_tokens") is None and body.get("max_tokens") is None:
         return "the output is not bounded (max_completion_tokens or max_tokens)"
@@ -411,7 +415,6 @@ class _Attempt:
     """The attempt's prompt length, when known before it starts."""
     recomputes: bool
     """Whether the engine had computed this request's prompt before this attempt started."""
-    produced: bool = False
     waste_counted: bool = False
 
 
@@ -480,11 +483,12 @@ class Resumption:
         self.recomputed_prompt_tokens = 0
         """Prompt tokens the engine computed again because an earlier attempt had computed them:
         per later attempt, its prompt tokens minus the `prompt_tokens_details.cached_tokens` its
-        usage reports. When it reports none (the server runs without
-        `--enable-prompt-tokens-details`), or it was cut after its first output but before its
-        usage chunk, all its prompt tokens count: an upper bound; the engine's own counters are
-        the truth. An attempt cut before any output counts nothing (its prefill may not have
-        run)."""
+        usage reports. When its usage names no cached tokens (the server runs without
+        `--enable-prompt-tokens-details`), all its prompt tokens count: an upper bound. An
+        attempt cut before its usage chunk counts nothing: how much of its prompt the cache
+        held is unknown, and counting all of it (hundreds of tokens where a block's worth was
+        recomputed) would close the pool's waste cap on a guess and leave lenders waiting. The
+        engine's own counters are the truth (the bench reads them)."""
         self.discarded_output_tokens = 0
         """Output tokens thrown away because an attempt had to restart from scratch (the
         continuation was impossible: the engine returned no token ids)."""
@@ -736,6 +740,10 @@ class Resumption:
 
     def _original_body(self) -> dict[str, Any]:
         body = dict(self._body)
+        if self._path == COMPLETIONS_PATH and "max_tokens" not in body:
+            # vLLM's default, which the continuation counts down from, said to the engine: one
+            # whose default differs would otherwise end elsewhere.
+            body["max_tokens"] = self._max_output
         body["stream"] = True
         body["stream_options"] = {
             "include_usage": True,
@@ -786,8 +794,6 @@ class Resumption:
         attempt = self._attempt
         assert attempt is not None
         self._attempt = None
-        if attempt.recomputes and attempt.produced and not attempt.waste_counted:
-            self.recomputed_prompt_tokens += attempt.prompt_tokens or self.prompt_tokens or 0
         if not self.finished and self._continuable() and len(self._generated) >= self._max_output:
             # Every token asked for arrived but the finishing chunk did not (vLLM sends them
             # together, so only a cut in between gets here): finish as vLLM would have.
@@ -815,7 +821,6 @@ class Resumption:
     def _take_chunk(
         self, attempt: _Attempt, event: dict[str, Any], choice: dict[str, Any]
     ) -> list[bytes]:
-        attempt.produced = True
         self._prefill_done = True
         if self._identity is None:
             self._identity = {

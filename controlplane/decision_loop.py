@@ -108,7 +108,7 @@ class DecisionLoop:
 
     def _decide(self, trigger: str, span: trace.Span, advice: Advice | None) -> DecisionRecord:
         state = self.state
-        pool = state.pool
+        pool = state.policy_pool
         trace_context = carrier_of(span)
         state.expire_leases()
         snapshot = state.snapshot()

@@ -574,6 +574,19 @@ class PoolState:
         while len(samples) > 2 and samples[1][0] <= horizon:
             samples.popleft()
 
+    @property
+    def policy_pool(self) -> PoolConfig:
+        """The pool as the policies see it: with preemption off while the pool's recent waste
+        is over its cap. Nothing is paused then (_pause_levels), so no lender's reserve may be
+        lent to a preemptible tenant either: its slots would come back only as the borrowed
+        requests end."""
+        settings = self.pool.preemption
+        if not settings.enabled or self.waste_percent() <= settings.max_waste_percent:
+            return self.pool
+        return self.pool.model_copy(
+            update={"preemption": settings.model_copy(update={"enabled": False})}
+        )
+
     def waste_percent(self) -> float:
         """Waste over the last waste_window_s, in percent of the output in that window (0 until
         there is output). Counters of gateways that left or restarted count from their return."""

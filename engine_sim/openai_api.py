@@ -74,6 +74,10 @@ class GenerationRequest:
         return len(self.prompt_token_ids)
 
 
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""vLLM's CompletionRequest.max_tokens default (entrypoints/openai/completion/protocol.py)."""
+
+
 def parse_json_body(raw: bytes) -> JsonObject:
     """The body as a JSON object, or a 400 as vLLM answers a body it cannot parse."""
     try:
@@ -89,7 +93,13 @@ def parse_completion_request(body: JsonObject, config: EngineSimConfig) -> Gener
     """Validate a /v1/completions body."""
     _check_common(body, config)
     prompt_token_ids = _completion_prompt(body.get("prompt"))
-    max_tokens = _optional_int(body, "max_tokens")
+    # vLLM's CompletionRequest.max_tokens defaults to 16 when absent; an explicit null means
+    # "up to the context limit" (here: the emulator's default_max_tokens, so capped).
+    max_tokens = (
+        _optional_int(body, "max_tokens")
+        if "max_tokens" in body
+        else COMPLETIONS_DEFAULT_MAX_TOKENS
+    )
     return _generation_request(body, config, prompt_token_ids, max_tokens)
 
 

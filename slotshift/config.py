@@ -543,7 +543,9 @@ class EngineSimConfig(_Model):
     profile's."""
 
     default_max_tokens: Annotated[int, Field(ge=1)] = 256
-    """Output tokens a request gets when it names no max_tokens (capped by max_model_len)."""
+    """Output tokens a request gets when its max_tokens is unbounded (capped by max_model_len):
+    a chat that names none, or a completion whose max_tokens is null (vLLM's own default
+    for a completion without the key, 16, applies as in vLLM)."""
 
     pseudo_eos_max_tokens: Annotated[int, Field(ge=1)] = 1024
     """Without ignore_eos a request stops at a pseudo end-of-sequence that each sampled token is

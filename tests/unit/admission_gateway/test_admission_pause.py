@@ -125,6 +125,9 @@ async def test_a_paused_request_whose_client_leaves_leaves_no_trace() -> None:
     with pytest.raises(asyncio.CancelledError):
         await resumed
     assert admission.queued == 0 and admission.paused == 0 and admission.in_flight == 0
+    # Admitted once, ended once: a completion, not an arrival that gave up.
+    assert (admission.admitted_total, admission.completed_total) == (1, 1)
+    assert admission.abandoned_total == 0
     await asyncio.wait_for(admission.wait_idle(), 1.0)
 
 

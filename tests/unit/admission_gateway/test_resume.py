@@ -479,6 +479,17 @@ def test_excluded_shapes_say_why(path: str, body: dict[str, Any], reason: str) -
     assert reason in why
 
 
+def test_a_completions_explicit_null_max_tokens_is_not_resumable() -> None:
+    # vLLM reads a null max_tokens as "up to the context limit", which the gateway cannot
+    # count down from; an absent one is vLLM's default of 16.
+    why = not_resumable(COMPLETIONS_PATH, {**completions(), "max_tokens": None})
+    assert why is not None and "context length" in why
+    absent = {k: v for k, v in completions().items() if k != "max_tokens"}
+    assert not_resumable(COMPLETIONS_PATH, absent) is None
+    _, first = upstream(Resumption(COMPLETIONS_PATH, absent))
+    assert first["max_tokens"] == 16, "the engine is told the bound the gateway counts from"
+
+
 def test_a_shape_that_does_not_resume_is_refused_by_resumption() -> None:
     with pytest.raises(ValueError, match="seed"):
         Resumption(COMPLETIONS_PATH, completions(seed=1))
@@ -773,17 +784,17 @@ def test_recomputed_prompt_tokens_are_the_uncached_prompt_of_each_later_attempt(
     assert resumption.recomputed_prompt_tokens == 0  # the first prefill is no waste
     resumption.upstream_request()  # prompt of 5 tokens
     resumption.feed(completion_chunk("b", [6]))
-    resumption.pause()  # cut before its usage: all 5 count
-    assert resumption.recomputed_prompt_tokens == 5
+    resumption.pause()  # cut before its usage: how much the cache held is unknown
+    assert resumption.recomputed_prompt_tokens == 0
     resumption.upstream_request()  # prompt of 6 tokens
     resumption.pause()  # cut before any output: its prefill may not have run
-    assert resumption.recomputed_prompt_tokens == 5
+    assert resumption.recomputed_prompt_tokens == 0
     resumption.upstream_request()
     resumption.feed(completion_chunk("c", [7], finish_reason="stop"))
     resumption.feed(usage_chunk(prompt=6, completion=1, cached=4))
-    assert resumption.recomputed_prompt_tokens == 5 + 2
+    assert resumption.recomputed_prompt_tokens == 2
     resumption.attempt_ended()
-    assert resumption.recomputed_prompt_tokens == 7  # counted once
+    assert resumption.recomputed_prompt_tokens == 2  # counted once
     assert resumption.discarded_output_tokens == 0
     assert resumption.pauses == 3 and resumption.attempts == 4
 

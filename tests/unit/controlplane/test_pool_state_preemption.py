@@ -136,6 +136,38 @@ def test_waste_over_the_cap_stops_pausing() -> None:
     assert state.waste_percent() == pytest.approx(5.0)
     assert state.waste_percent() > POOL.preemption.max_waste_percent
     assert state._pause_levels({}, {}) == {}
+    # Nothing is paused, so the policies see no preemptible tenant: a lender's reserve is not
+    # lent to B while it could come back only as B's requests end.
+    assert state.policy_pool.preemption.enabled is False
+    assert state.pool.preemption.enabled is True, "the configuration itself is unchanged"
+
+
+def test_a_reserve_is_not_lent_to_a_preemptible_tenant_while_waste_is_over_the_cap() -> None:
+    pool = POOL.model_copy(
+        update={
+            "tenants": [
+                TenantConfig(name="A", floor_slots=4, lendable_percent=50),
+                TenantConfig(name="B", floor_slots=4, preemptible=True),
+            ]
+        }
+    )
+    clock = ManualClock()
+    state = _state(clock, pool)
+    loop = DecisionLoop(state, SloPolicy(), clock=clock)
+    gateway = PausingGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    gateway.queued["B"] = 200
+    for _ in range(2):  # the policy lends its way down in steps
+        _settle(state, [gateway])
+        loop.decide_once()
+    assert state.allocation.tenant_limits["A"] < 24, "A idles: B (preemptible) borrows A's reserve"
+    assert gateway.session is not None
+    clock.advance(1.0)
+    usage = gateway.usage()
+    usage["B"] = TenantUsage(output_tokens_total=1_000, waste_tokens_total=50)
+    state.record_demand(gateway.session, gateway.applied_version, usage)
+    loop.decide_once()
+    assert state.allocation.tenant_limits["A"] >= 24, "A's reserve (half its 48) is held back"
 
 
 def test_budget_holds_while_work_pauses_and_resumes() -> None:

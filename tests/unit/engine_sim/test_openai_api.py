@@ -98,7 +98,7 @@ def test_a_completion_request_with_defaults() -> None:
 
     assert request.prompt_tokens == 10
     assert request.prompt_token_ids == text_token_ids("x" * 40)
-    assert request.max_tokens == 256
+    assert request.max_tokens == 16  # vLLM's CompletionRequest default
     assert (request.stream, request.ignore_eos, request.include_usage) == (False, False, False)
     assert (request.min_tokens, request.return_token_ids) == (0, False)
 
@@ -119,9 +119,14 @@ def test_the_min_tokens_error_is_vllms() -> None:
         parse_completion_request({"prompt": "x", "max_tokens": 3, "min_tokens": 4}, CONFIG)
 
 
-def test_default_max_tokens_is_capped_by_the_room_left_in_the_context() -> None:
-    request = parse_completion_request({"prompt": "x" * 4000}, CONFIG)
+def test_a_null_max_tokens_is_the_default_capped_by_the_room_left_in_the_context() -> None:
+    request = parse_completion_request({"prompt": "x" * 4000, "max_tokens": None}, CONFIG)
     assert request.max_tokens == 1024 - 1000
+    assert parse_completion_request({"prompt": "x", "max_tokens": None}, CONFIG).max_tokens == 256
+
+
+def test_a_completion_without_max_tokens_gets_vllms_16() -> None:
+    assert parse_completion_request({"prompt": "x"}, CONFIG).max_tokens == 16
 
 
 @pytest.mark.parametrize(
