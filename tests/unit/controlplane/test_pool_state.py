@@ -69,9 +69,11 @@ class SimGateway:
                 self.in_flight[tenant] += 1
 
 
-def _state(clock: ManualClock, *, past_startup_hold: bool = True) -> PoolState:
+def _state(
+    clock: ManualClock, *, past_startup_hold: bool = True, pool: PoolConfig = POOL
+) -> PoolState:
     state = PoolState(
-        POOL,
+        pool,
         clock=clock,
         gateway_lease_ttl_s=6.0,
         telemetry_stale_after_s=5.0,
@@ -265,13 +267,7 @@ async def test_the_fast_path_waits_only_for_what_is_left_of_its_interval(quiet_s
     comes sooner waits for the rest of the interval (30 s here: the test would time out)."""
     pool = POOL.model_copy(update={"decision_period_s": 60.0, "fast_path_min_interval_s": 30.0})
     clock = ManualClock()
-    state = PoolState(
-        pool,
-        clock=clock,
-        gateway_lease_ttl_s=6.0,
-        telemetry_stale_after_s=5.0,
-        decision_log_size=64,
-    )
+    state = _state(clock, past_startup_hold=False, pool=pool)
     loop = DecisionLoop(state, DemandPolicy(), clock=clock)
     task = asyncio.create_task(loop.run(), name="decision-loop")
     try:

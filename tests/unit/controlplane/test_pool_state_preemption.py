@@ -73,19 +73,29 @@ def _settle(state: PoolState, gateways: list[PausingGateway]) -> None:
             state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
 
 
-def _borrow_then_burst(pool: PoolConfig) -> tuple[PausingGateway, int]:
-    """B borrows A's idle share; then A's burst of 30 reaches the control plane, the fast path
-    decides, and every push is applied and acknowledged. Returns the gateway and what B ran
-    before the burst."""
+def _borrowing(
+    pool: PoolConfig, decisions: int = 1
+) -> tuple[ManualClock, PoolState, DecisionLoop, PausingGateway]:
+    """B, backlogged, borrows what the slo policy lends of A's idle share in `decisions`
+    decisions, every push applied and acknowledged."""
     clock = ManualClock()
     state = _state(clock, pool)
     loop = DecisionLoop(state, SloPolicy(), clock=clock)
     gateway = PausingGateway("gw", {"A": 48, "B": 48})
     gateway.connect(state)
     gateway.queued["B"] = 200
+    for _ in range(decisions):
+        _settle(state, [gateway])
+        loop.decide_once()
     _settle(state, [gateway])
-    loop.decide_once()
-    _settle(state, [gateway])
+    return clock, state, loop, gateway
+
+
+def _borrow_then_burst(pool: PoolConfig) -> tuple[PausingGateway, int]:
+    """B borrows A's idle share; then A's burst of 30 reaches the control plane, the fast path
+    decides, and every push is applied and acknowledged. Returns the gateway and what B ran
+    before the burst."""
+    _, state, loop, gateway = _borrowing(pool)
     borrowed = gateway.in_flight["B"]
     gateway.queued["A"] = 30
     assert gateway.session is not None
@@ -151,15 +161,8 @@ def test_a_reserve_is_not_lent_to_a_preemptible_tenant_while_waste_is_over_the_c
             ]
         }
     )
-    clock = ManualClock()
-    state = _state(clock, pool)
-    loop = DecisionLoop(state, SloPolicy(), clock=clock)
-    gateway = PausingGateway("gw", {"A": 48, "B": 48})
-    gateway.connect(state)
-    gateway.queued["B"] = 200
-    for _ in range(2):  # the policy lends its way down in steps
-        _settle(state, [gateway])
-        loop.decide_once()
+    # The policy lends its way down in steps.
+    clock, state, loop, gateway = _borrowing(pool, decisions=2)
     assert state.allocation.tenant_limits["A"] < 24, "A idles: B (preemptible) borrows A's reserve"
     assert gateway.session is not None
     clock.advance(1.0)
