@@ -1,6 +1,6 @@
-"""The emulator, a control plane and three gateways in one process on port 0, started in order
-(each needs the one before it: the gateways the control plane's port, everything the engine's
-URL) and stopped in reverse."""
+"""The emulator, a control plane and gateways (three unless asked) in one process on port 0,
+started in order (each needs the one before it: the gateways the control plane's port,
+everything the engine's URL) and stopped in reverse."""
 
 from __future__ import annotations
 
@@ -25,22 +25,24 @@ class Stack:
 
 
 async def start_stack(
-    exits: AsyncExitStack, config: Callable[[str, int], SlotshiftConfig]
+    exits: AsyncExitStack,
+    config: Callable[[str, int], SlotshiftConfig],
+    *,
+    gateways: int = GATEWAYS,
 ) -> Stack:
-    """`config(engine_url, grpc_port)` is called twice: for the engine and the control plane
-    (whose ports are not known yet), then with both for the gateways."""
-    base = config("http://127.0.0.1:1", 0)
-    engine = EngineSim(base.engine_sim)
+    """`config(engine_url, grpc_port)` is called for the engine (neither is known yet), for the
+    control plane (the engine's URL known), then with both for the gateways."""
+    engine = EngineSim(config("http://127.0.0.1:1", 0).engine_sim)
     await engine.start()
     exits.push_async_callback(engine.stop)
-    control_plane = ControlPlane(base)
+    control_plane = ControlPlane(config(engine.url, 0))
     await control_plane.start()
     exits.push_async_callback(control_plane.stop)
     final = config(engine.url, control_plane.grpc_port)
-    gateways = []
-    for index in range(GATEWAYS):
+    started = []
+    for index in range(gateways):
         gateway = AdmissionGateway(final, gateway_id=f"gw-{index}")
         await gateway.start()
         exits.push_async_callback(gateway.stop)
-        gateways.append(gateway)
-    return Stack(final, engine, control_plane, gateways)
+        started.append(gateway)
+    return Stack(final, engine, control_plane, started)

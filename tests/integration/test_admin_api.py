@@ -18,9 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from admission_gateway.gateway import AdmissionGateway
 from controlplane.server import SERVICE_NAMES, ControlPlane
-from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig, load_config
 from slotshift.v1 import admin_pb2, admin_pb2_grpc, query_pb2, query_pb2_grpc
+from tests.integration.stack import start_stack
 from tests.support import wait_until
 
 BUDGET = 20
@@ -68,24 +68,15 @@ engine_sim:
 
 
 async def _start(tmp_path: Path, exits: AsyncExitStack, *, token: bool, gateways: int) -> Stack:
-    engine = EngineSim(_config(tmp_path, "http://127.0.0.1:1", 0, token=token).engine_sim)
-    await engine.start()
-    exits.push_async_callback(engine.stop)
-    control_plane = ControlPlane(_config(tmp_path, engine.url, 0, token=token))
-    await control_plane.start()
-    exits.push_async_callback(control_plane.stop)
-    config = _config(tmp_path, engine.url, control_plane.grpc_port, token=token)
-    started = []
-    for index in range(gateways):
-        gateway = AdmissionGateway(config, gateway_id=f"gw-{index}")
-        await gateway.start()
-        exits.push_async_callback(gateway.stop)
-        started.append(gateway)
+    started = await start_stack(
+        exits, lambda url, port: _config(tmp_path, url, port, token=token), gateways=gateways
+    )
+    control_plane = started.control_plane
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{control_plane.grpc_port}")
     exits.push_async_callback(channel.close, None)
     return Stack(
         control_plane,
-        started,
+        started.gateways,
         admin_pb2_grpc.AdminServiceStub(channel),
         query_pb2_grpc.AllocationServiceStub(channel),
         channel,
