@@ -16,6 +16,7 @@ RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml
         > /tmp/dependencies.txt \
     && /opt/slotshift/bin/pip install -c requirements/constraints.txt -r /tmp/dependencies.txt
 COPY slotshift slotshift
+COPY slotshift_tools slotshift_tools
 COPY controlplane controlplane
 COPY admission_gateway admission_gateway
 COPY telemetry_agent telemetry_agent

@@ -6,7 +6,7 @@ profile fields that is set overrides the profile's value. Engine code reads thes
 through `effective_profile(config)`.
 
 - `h200-qwen2.5-3b` (default): fitted to the study's measurements (a real H200 serving
-  Qwen2.5-3B-Instruct with vLLM); the points are in engine_sim/calibration.py and
+  Qwen2.5-3B-Instruct with vLLM); the points are in slotshift_tools/emulator/calibration.py and
   `scripts/fit_profile.py` refits the step costs and prints their residuals.
 - `h200-qwen2.5-7b`: NOT measured. Qwen2.5-7B-Instruct on the same H200, scaled from the 3B fit
   (see the constants below): the study's named next step, a model that keeps the GPU busy.
@@ -96,8 +96,8 @@ QWEN25_7B_KV_BYTES_PER_TOKEN = 28 * 4 * 128 * 2 * 2
 H200_QWEN25_3B_STEP = StepCosts(
     base_ms=2.3282, per_seq_ms=0.022934, per_context_token_us=0.146581, per_prefill_token_us=12.0
 )
-"""Fitted by scripts/fit_profile.py to engine_sim/calibration.py's points (paste its output
-here). per_prefill_token_us is not fitted (the study has no point that isolates it): it is the
+"""Fitted by scripts/fit_profile.py to slotshift_tools/emulator/calibration.py's points (paste
+its output here). per_prefill_token_us is not fitted (the study has no point that isolates it): it is the
 compute-bound rate, 2 x 3.09 GFLOP per token at about 500 TFLOP/s effective on an H200."""
 
 _7B_OVER_3B_PARAMETERS = 7.62 / 3.09

@@ -1,6 +1,6 @@
 """Capture a real vLLM /metrics scrape for the telemetry agent's tests.
 
-Starts the CPU vLLM (slotshift/vllm_cpu) with a batch of 4, gives it some history (completed
+Starts the CPU vLLM (slotshift_tools/vllm_cpu) with a batch of 4, gives it some history (completed
 requests, one stream its client abandons), then loads it with 12 long requests and scrapes it
 while 4 run and 8 wait. Usage: .venv/bin/python scripts/capture_vllm_scrape.py OUT_FILE
 """
@@ -14,14 +14,14 @@ from pathlib import Path
 
 import aiohttp
 
-from slotshift.vllm_cpu import (
+from slotshift_tools.vllm_cpu import (
     VllmCpuPaths,
     VllmServer,
     VllmServerSettings,
     ensure_environment,
     ensure_model,
 )
-from slotshift.vllm_cpu.server import free_local_port
+from slotshift_tools.vllm_cpu.server import free_local_port
 
 BATCH = 4
 LOAD = 12
@@ -81,7 +81,7 @@ def main(out: Path) -> int:
         text = asyncio.run(capture(server))
     header = (
         "# A real vLLM /metrics scrape: vllm-cpu 0.32.0 (requirements/vllm-cpu.txt) serving the tiny\n"
-        "# model of slotshift/vllm_cpu with --max-num-seqs 4, captured by\n"
+        "# model of slotshift_tools/vllm_cpu with --max-num-seqs 4, captured by\n"
         "# scripts/capture_vllm_scrape.py after 8 completed requests and 1 stream its client left,\n"
         "# while 12 long requests were in: 4 running, 8 waiting.\n"
     )

@@ -1,8 +1,8 @@
 """Refit the default profile's step costs to the calibration points and print the residuals.
 
-Reads the points from engine_sim/calibration.py, fits base, per-sequence and per-context-token
-costs by least squares (engine_sim/step_fit.py; the prefill cost stays the profile's), prints the
-costs, each point's residual under the fitted and under the stored costs, and the Python to paste
+Reads the points from slotshift_tools/emulator/calibration.py, fits base, per-sequence and
+per-context-token costs by least squares (slotshift_tools/emulator/step_fit.py; the prefill cost
+stays the profile's), prints the costs, each point's residual under the fitted and under the stored costs, and the Python to paste
 into engine_sim/profiles.py (H200_QWEN25_3B_STEP).
 
     python scripts/fit_profile.py                      # fit, print, paste by hand
@@ -16,9 +16,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from engine_sim.calibration import CALIBRATION_POINTS, measured_step_ms, steady_batch
 from engine_sim.profiles import DEFAULT_PROFILE, PROFILES, StepCosts
-from engine_sim.step_fit import PointResidual, fit_step_costs, residuals
+from slotshift_tools.emulator.calibration import CALIBRATION_POINTS, measured_step_ms, steady_batch
+from slotshift_tools.emulator.step_fit import PointResidual, fit_step_costs, residuals
 
 STALE_RELATIVE_DIFFERENCE = 1e-3
 """--check fails when a stored cost differs from the fitted one by more than this fraction."""

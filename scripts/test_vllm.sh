@@ -8,8 +8,8 @@
 # are printed, so a test that needed the second run is visible in the log. (The exact checks of
 # the same behaviour, on the emulator, have no such allowance: tests/integration.)
 source "$(dirname "$0")/bootstrap.sh"
-echo "== CPU vLLM environment and tiny model (slotshift/vllm_cpu)" >&2
-python -m slotshift.vllm_cpu build
+echo "== CPU vLLM environment and tiny model (slotshift_tools/vllm_cpu)" >&2
+python -m slotshift_tools.vllm_cpu build
 echo "== tests against real vLLM" >&2
 export SLOTSHIFT_VLLM=1
 status=0

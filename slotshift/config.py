@@ -3,7 +3,7 @@
 All services read the same YAML file (`deploy/local/slotshift.yaml` is the demo); each takes the
 sections it needs. Models are frozen and validated on load: a bad file fails at start-up with the
 offending field named, never later. Units are in the field names. Environment variables and
-command-line flags are applied by the entrypoints (`slotshift.cli`), never read here.
+command-line flags are applied by the entrypoints (`slotshift_tools.cli`), never read here.
 """
 
 from __future__ import annotations
@@ -592,8 +592,8 @@ class LocalStackConfig(_Model):
 
     engine: Literal["emulator", "vllm"] = "emulator"
     """The engine `slotshift up` starts: the emulator (if start_engine_sim), or real vLLM on the
-    CPU with a tiny local model (slotshift/vllm_cpu; needs a checkout, builds its venv the first
-    time), which the gateways' pool and the agent are then pointed at."""
+    CPU with a tiny local model (slotshift_tools/vllm_cpu; needs a checkout, builds its venv the
+    first time), which the gateways' pool and the agent are then pointed at."""
 
     vllm_port: Port | None = None
     """Port of the CPU vLLM server; unset: the port of the pool's engine_url (where the emulator

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from slotshift.cli import build_parser
 from slotshift.config import SlotshiftConfig, load_config, parse_config
+from slotshift_tools.cli import build_parser
 from tests.deploy import listeners
 
 REPO = Path(__file__).parents[2]

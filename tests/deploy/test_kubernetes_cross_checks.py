@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from slotshift.cli import build_parser
 from slotshift.config import SlotshiftConfig, load_config, parse_config
+from slotshift_tools.cli import build_parser
 from tests.deploy import listeners
 from tests.deploy.manifests import (
     KUBERNETES_DIR,

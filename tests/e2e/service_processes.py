@@ -37,7 +37,15 @@ class ServiceProcesses:
     def start(self, name: str, command: str, *args: str) -> None:
         log = (self.directory / f"{name}.log").open("ab")
         self._processes[name] = subprocess.Popen(
-            [sys.executable, "-m", "slotshift", command, "--config", str(self.config_path), *args],
+            [
+                sys.executable,
+                "-m",
+                "slotshift_tools",
+                command,
+                "--config",
+                str(self.config_path),
+                *args,
+            ],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
@@ -92,7 +100,7 @@ def slotshift_up(
 ) -> Iterator[subprocess.Popen[bytes]]:
     """`slotshift up` with `--set` for each setting, its output in `log`; yields once `ready()`
     holds, then stops it with SIGTERM and checks that it stopped cleanly."""
-    command = [sys.executable, "-m", "slotshift", "up", *extra_args, "--config", str(config)]
+    command = [sys.executable, "-m", "slotshift_tools", "up", *extra_args, "--config", str(config)]
     for key, value in settings.items():
         command += ["--set", f"{key}={value}"]
     with log.open("wb") as sink:

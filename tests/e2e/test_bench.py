@@ -44,7 +44,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     command = [
         sys.executable,
         "-m",
-        "slotshift",
+        "slotshift_tools",
         "bench",
         str(SEED),
         "--duration",

@@ -15,8 +15,8 @@ import aiohttp
 import grpc
 import pytest
 
-from slotshift.engine_probe import requests_inside
 from slotshift.v1 import query_pb2, query_pb2_grpc
+from slotshift_tools.engine_probe import requests_inside
 from tests.e2e.service_processes import ServiceProcesses, grpc_serving, http_ok, wait_ready
 from tests.support import free_port, wait_until
 

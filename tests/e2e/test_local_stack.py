@@ -11,7 +11,7 @@ import urllib.request
 import openai
 import pytest
 
-from slotshift.metrics_scrape import Samples, parse_samples
+from slotshift_tools.metrics_scrape import Samples, parse_samples
 from tests.e2e.conftest import RunningStack
 from tests.grpcurl import decided_at_s, decided_demand, first_grant, grpcurl, limits
 from tests.support import wait_until_sync

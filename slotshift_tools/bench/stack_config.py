@@ -1,0 +1,134 @@
+"""The local stack's config for one run: the scenario's pool under the run's policy, free ports.
+
+For a policy the pool has the scenario's tenants (keys, floors, ceilings, weights). For the
+`pool` baseline it has ONE tenant, `pool`, holding every tenant's keys with floor 0 and the whole
+budget under the static policy: one unpartitioned pool, one FIFO queue per gateway, no
+per-tenant limit. Nothing in the product changes; the harness attributes each request to the
+scenario's tenant that sent it.
+
+Config overrides (the scenario's, the run's, then the command line's) are passed to every
+service as `--set PATH=VALUE`, so the YAML file written for the run stays the generated base
+and the overrides are visible on each command line.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from slotshift_tools.bench.scenario import POOL_BASELINE, PolicyRun, Scenario
+
+HOST = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class StackPorts:
+    """The ports one run's services listen on."""
+
+    engine: int
+    controlplane: int
+    controlplane_metrics: int
+    agent_metrics: int
+    gateways: tuple[int, ...]
+
+    @classmethod
+    def free(cls, gateways: int) -> StackPorts:
+        """Ports that were free a moment ago, all different (the services bind them soon after;
+        another program taking one in between makes that service fail to start, loudly)."""
+        count = 4 + gateways
+        with ExitStack() as sockets:
+            ports = []
+            for _ in range(count):
+                sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                sock.bind((HOST, 0))
+                ports.append(int(sock.getsockname()[1]))
+        return cls(ports[0], ports[1], ports[2], ports[3], tuple(ports[4:]))
+
+
+def stack_tenants(scenario: Scenario, run: PolicyRun) -> list[str]:
+    """The tenants the control plane knows in this run."""
+    if run.policy == POOL_BASELINE:
+        return [POOL_BASELINE]
+    return [t.name for t in scenario.tenants]
+
+
+def stack_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> dict[str, Any]:
+    """The run's config file, as a YAML-ready document (API keys in clear: it is a test file)."""
+    if run.policy == POOL_BASELINE:
+        policy = "static"
+        tenants: list[dict[str, Any]] = [
+            {
+                "name": POOL_BASELINE,
+                "api_keys": [k.get_secret_value() for t in scenario.tenants for k in t.api_keys],
+                "floor_slots": 0,
+            }
+        ]
+    else:
+        policy = run.policy
+        tenants = [
+            {
+                "name": t.name,
+                "api_keys": [k.get_secret_value() for k in t.api_keys],
+                "floor_slots": t.floor_slots,
+                "ceiling_slots": t.ceiling_slots,
+                "weight": t.weight,
+                "lendable_percent": t.lendable_percent,
+                "borrowing_limit_percent": t.borrowing_limit_percent,
+                "preemptible": t.preemptible,
+                "ttft_slo_ms": t.slo.ttft_ms,
+                "e2e_slo_ms": t.slo.e2el_ms,
+            }
+            for t in scenario.tenants
+        ]
+    controlplane = f"{HOST}:{ports.controlplane}"
+    engine = f"http://{HOST}:{ports.engine}"
+    return {
+        "pools": [
+            {
+                "name": scenario.name,
+                "budget_slots": scenario.budget_slots,
+                "policy": policy,
+                "decision_period_s": scenario.decision_period_s,
+                "engine_url": engine,
+                "tenants": tenants,
+            }
+        ],
+        "controlplane": {
+            "grpc_host": HOST,
+            "grpc_port": ports.controlplane,
+            "metrics_port": ports.controlplane_metrics,
+        },
+        "gateway": {
+            "host": HOST,
+            "pool": scenario.name,
+            "controlplane_target": controlplane,
+            "fallback_replicas": len(ports.gateways),
+        },
+        "agent": {
+            "pool": scenario.name,
+            "controlplane_target": controlplane,
+            "engine_metrics_url": f"{engine}/metrics",
+            "metrics_port": ports.agent_metrics,
+            "host": HOST,
+        },
+        # Usage says which prompt tokens were prefix-cache hits, so that the gateways count
+        # only the truly recomputed part of a resumed prompt as waste.
+        "engine_sim": {"host": HOST, "port": ports.engine, "enable_prompt_tokens_details": True},
+        "local_stack": {"gateway_ports": list(ports.gateways), "start_engine_sim": True},
+    }
+
+
+def merged_overrides(
+    scenario: Scenario, run: PolicyRun, command_line: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The scenario's overrides, then the run's, then the command line's (later ones win)."""
+    return {**scenario.config_overrides, **run.config_overrides, **command_line}
+
+
+def override_args(overrides: Mapping[str, Any]) -> list[str]:
+    """`PATH=VALUE` pairs for `--set`; values as JSON, which the CLI reads back as YAML."""
+    return [f"{path}={json.dumps(value)}" for path, value in overrides.items()]

