@@ -123,3 +123,18 @@ def test_a_forbidden_import_breaks_its_contract(
     assert f"{contract} BROKEN" in result.stdout
     assert expected in result.stdout
     assert "1 broken" in result.stdout
+
+
+def test_a_tool_may_use_the_services_pure_cores(tree_copy: Path, tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    shutil.copytree(tree_copy, tree)
+    (tree / "slotshift_tools" / "_twin.py").write_text(
+        "import admission_gateway.admission\n"
+        "import controlplane.core.slo_policy\n"
+        "import engine_sim.engine_core\n"
+    )
+
+    result = _lint_imports(tree)
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
