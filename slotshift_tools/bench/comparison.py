@@ -6,8 +6,8 @@ over repeated runs (machines here are noisy: quote the median of runs made the s
 
 Each argument is a results folder of `slotshift bench` (its summary.json). One row per scenario
 and run: total output throughput and its ratio to the scenario's `static` run, then per tenant
-the p99 TTFT, the SLO goodput and, for bursty tenants, the median reclaim time. The README's
-cross-scenario table is its output.
+the p99 TTFT, the SLO goodput and, for bursty tenants, the median reclaim time. The
+cross-scenario table of docs/results/scenarios.md is its output.
 """
 
 from __future__ import annotations

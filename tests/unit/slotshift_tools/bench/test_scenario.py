@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from slotshift.apportion import nominal_shares
-from slotshift.config import parse_config
+from slotshift.config import apply_overrides, parse_config
 from slotshift_tools.bench.arrivals import on_windows
 from slotshift_tools.bench.scenario import (
     ClosedLoopArrival,
@@ -21,7 +21,7 @@ from slotshift_tools.bench.scenario import (
     load_scenario,
     parse_scenario,
 )
-from slotshift_tools.bench.stack_config import StackPorts, stack_config_data
+from slotshift_tools.bench.stack_config import StackPorts, merged_overrides, stack_config_data
 
 SEED = Path(__file__).resolve().parents[4] / "bench" / "scenarios" / "seed.yaml"
 PORTS = StackPorts(8000, 50051, 9100, 9101, (8080, 8081))
@@ -170,6 +170,19 @@ def test_unequal_weights_has_three_different_weights() -> None:
     assert len({t.weight for t in scenario.tenants}) == 3
     shares = _shares(scenario)
     assert shares["B"] == min(shares.values())  # the borrower has the smallest share
+
+
+def test_unequal_weights_slo_learns_the_ramping_lenders_reserve() -> None:
+    scenario = load_scenario(SEED.parent / "unequal-weights.yaml")
+
+    def learns(name: str) -> bool:
+        run = next(r for r in scenario.policies if r.name == name)
+        config = parse_config(stack_config_data(scenario, run, PORTS))
+        config = apply_overrides(config, merged_overrides(scenario, run, {}))
+        return config.pools[0].slo_policy.learned_reserves
+
+    assert learns("slo")
+    assert not learns("static")
 
 
 def _broken(path: str, value: Any) -> dict[str, Any]:
