@@ -33,7 +33,7 @@ from admission_gateway.proxy import OpenAIProxy
 from admission_gateway.upstream import EngineClient
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
-from slotshift.config import ConfigError, SlotshiftConfig
+from slotshift.config import ConfigError, SlotshiftConfig, reveal
 from slotshift.tls import (
     ChannelSecurity,
     client_ssl_context,
@@ -194,7 +194,7 @@ class AdmissionGateway:
         removes them): with the digests it sent, and with the keys our own config gives them."""
         digests = [(digest, tenant) for tenant, ds in tenants.items() for digest in ds]
         digests += [
-            (key_digest(key.get_secret_value()), t.name)
+            (key_digest(reveal(key)), t.name)
             for t in self._pool.tenants
             if t.name in tenants
             for key in t.api_keys

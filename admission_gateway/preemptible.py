@@ -45,9 +45,10 @@ from admission_gateway.errors import (
     upstream_unavailable,
     write_quietly,
 )
+from admission_gateway.figures import RequestFigures
 from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import TenantState
-from admission_gateway.metrics import GatewayMetrics
+from admission_gateway.relay import upstream_failed
 from admission_gateway.resume import (
     COMPLETIONS_PATH,
     SSE_KEEPALIVE,
@@ -58,7 +59,6 @@ from admission_gateway.resume import (
     UpstreamProtocolError,
 )
 from admission_gateway.upstream import EngineClient
-from slotshift.clock import Clock
 from slotshift.trace_context import inject_into
 
 logger = logging.getLogger(__name__)
@@ -93,16 +93,14 @@ class PreemptibleRelay:
         engine_url: str,
         upstream_timeout_s: float,
         paused_keepalive_interval_s: float,
-        metrics: GatewayMetrics,
-        clock: Clock,
+        figures: RequestFigures,
         tracer: trace.Tracer,
     ) -> None:
         self._engine = engine
         self._engine_url = engine_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
         self._keepalive_s = paused_keepalive_interval_s
-        self._metrics = metrics
-        self._clock = clock
+        self._figures = figures
         self._tracer = tracer
 
     async def with_prompt_ids(
@@ -207,7 +205,7 @@ class PreemptibleRelay:
             slot.release()
         if resumption.error is not None and client is None:
             return _error_response(resumption.error, response_headers)
-        self._observe_e2e(tenant, arrived)
+        self._figures.completed(tenant, arrived)
         if client is not None:
             for event in resumption.final_events():
                 await write_quietly(client, event)
@@ -262,8 +260,7 @@ class PreemptibleRelay:
                 raise _Ended(upstream_timeout()) from None
             except aiohttp.ClientError as exc:
                 resumption.attempt_ended()
-                logger.warning("engine request failed: %s: %s", type(exc).__name__, exc)
-                raise _Ended(upstream_unavailable()) from None
+                raise _Ended(upstream_failed(exc)) from None
             span.set_attribute("http.response.status_code", upstream.status)
             # Pausing closes the connection: the engine aborts the request, and the read
             # below ends at once.
@@ -299,9 +296,7 @@ class PreemptibleRelay:
                         for event in events:
                             await client.write(event)
                             if not first_token.found and first_token.feed(event):
-                                elapsed = self._clock.monotonic() - arrived
-                                tenant.ttft.observe(elapsed)
-                                self._metrics.observe_time_to_first_token(tenant.name, elapsed)
+                                self._figures.first_token(tenant, arrived)
                         if not resumption.in_flight:
                             break
             except (UpstreamProtocolError, SseTooLong) as exc:
@@ -392,11 +387,6 @@ class PreemptibleRelay:
         discarded = resumption.discarded_output_tokens
         tenant.discarded_output_tokens_total += discarded - accounted.discarded
         accounted.output, accounted.recomputed, accounted.discarded = output, recomputed, discarded
-
-    def _observe_e2e(self, tenant: TenantState, arrived: float) -> None:
-        elapsed = self._clock.monotonic() - arrived
-        tenant.e2e.observe(elapsed)
-        self._metrics.observe_e2e_latency(tenant.name, elapsed)
 
 
 async def _open_stream(

@@ -16,7 +16,7 @@ import aiohttp
 
 from controlplane.core.snapshot import Advice, PoolSnapshot
 from slotshift.apportion import nominal_shares
-from slotshift.config import AgentPolicyConfig, PoolConfig
+from slotshift.config import AgentPolicyConfig, PoolConfig, reveal
 
 SYSTEM_PROMPT = (
     "You allocate the concurrent-request slots of one LLM inference server among tenants. "
@@ -120,7 +120,7 @@ class ChatAdvisor:
         settings = self._settings
         headers = {}
         if settings.api_key is not None:
-            headers["Authorization"] = f"Bearer {settings.api_key.get_secret_value()}"
+            headers["Authorization"] = f"Bearer {reveal(settings.api_key)}"
         body = {
             "model": settings.model,
             "messages": [

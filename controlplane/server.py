@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 
 import grpc
 from aiohttp import web
@@ -25,7 +24,7 @@ from controlplane.service.query_service import AllocationQueryService
 from controlplane.service.telemetry_service import TelemetryIngestService
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
-from slotshift.config import ConfigError, PoolConfig, SlotshiftConfig
+from slotshift.config import ConfigError, PoolConfig, SlotshiftConfig, read_secret_text
 from slotshift.tls import load_server_credentials
 from slotshift.v1 import (
     admin_pb2,
@@ -214,10 +213,7 @@ def _read_admin_token(path: str | None) -> str | None:
     """The admin token: the first line of `path`; None when no file is configured."""
     if path is None:
         return None
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"controlplane.admin_token_file: cannot read {path}: {exc}") from exc
+    lines = read_secret_text(path, field="controlplane.admin_token_file").splitlines()
     token = lines[0].strip() if lines else ""
     if not token:
         raise ConfigError(f"controlplane.admin_token_file: {path} holds no token")

@@ -10,11 +10,10 @@ from __future__ import annotations
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
-from slotshift.config import ClientTlsConfig, ConfigError, ServerTlsConfig
+from slotshift.config import ClientTlsConfig, ConfigError, ServerTlsConfig, read_secret_file
 
 ChannelOptions = Sequence[tuple[str, str | int]]
 
@@ -93,10 +92,7 @@ def client_ssl_context(tls: ClientTlsConfig) -> ssl.SSLContext:
 
 
 def _read(path: str, field: str) -> bytes:
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"TLS {field}: cannot read {path}: {exc}") from exc
+    return read_secret_file(path, field=f"TLS {field}")
 
 
 def _read_optional(path: str | None, field: str) -> bytes | None:

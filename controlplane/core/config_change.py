@@ -16,9 +16,9 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 
-from slotshift.config import PoolConfig
+from slotshift.config import PoolConfig, reveal, revealed
 
 TENANT_SETTINGS = (
     "floor_slots",
@@ -58,7 +58,7 @@ def key_digests(keys: Iterable[str]) -> tuple[bytes, ...]:
 
 def config_key_digests(pool: PoolConfig) -> dict[str, tuple[bytes, ...]]:
     """tenant -> digests of the API keys its config gives it."""
-    return {t.name: key_digests(k.get_secret_value() for k in t.api_keys) for t in pool.tenants}
+    return {t.name: key_digests(reveal(k) for k in t.api_keys) for t in pool.tenants}
 
 
 def check_new_keys(
@@ -143,12 +143,8 @@ def _index_of(pool: PoolConfig, name: str) -> int:
 
 
 def _dump(pool: PoolConfig) -> dict[str, Any]:
-    data = pool.model_dump(mode="python")
-    for tenant in data["tenants"]:
-        # Keys are revealed only to be validated again into the new config, never shown.
-        tenant["api_keys"] = [
-            k.get_secret_value() if isinstance(k, SecretStr) else k for k in tenant["api_keys"]
-        ]
+    # Secrets are revealed only to be validated again into the new config, never shown.
+    data: dict[str, Any] = revealed(pool.model_dump(mode="python"))
     return data
 
 

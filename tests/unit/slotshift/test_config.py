@@ -1,4 +1,4 @@
-"""The shared config model: validation on load, key files, overrides."""
+"""The shared config model: validation on load, key files, overrides, file paths and secrets."""
 
 from __future__ import annotations
 
@@ -8,8 +8,18 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import SecretStr
 
-from slotshift.config import ConfigError, apply_overrides, load_config, parse_config
+from slotshift.config import (
+    ConfigError,
+    apply_overrides,
+    load_config,
+    parse_config,
+    parse_overrides,
+    read_secret_text,
+    revealed,
+    with_resolved_paths,
+)
 
 
 def _document(**pool_fields: Any) -> dict[str, Any]:
@@ -186,7 +196,7 @@ def test_an_unreadable_key_file_is_a_config_error(tmp_path: Path) -> None:
     document = _document()
     document["pools"][0]["tenants"][0]["api_keys_file"] = "a.keys"
 
-    with pytest.raises(ConfigError, match=r"tenant 'A' .*cannot read api_keys_file"):
+    with pytest.raises(ConfigError, match=r"tenant 'A' .*api_keys_file: cannot read"):
         load_config(_write(tmp_path, document))
 
 
@@ -195,5 +205,60 @@ def test_a_key_file_that_is_not_text_is_a_config_error(tmp_path: Path) -> None:
     document = _document()
     document["pools"][0]["tenants"][0]["api_keys_file"] = "a.keys"
 
-    with pytest.raises(ConfigError, match=r"tenant 'A' .*cannot read api_keys_file"):
+    with pytest.raises(ConfigError, match=r"tenant 'A' .*api_keys_file: cannot read"):
         load_config(_write(tmp_path, document))
+
+
+def test_every_file_field_is_made_absolute_relative_to_the_config_folder(tmp_path: Path) -> None:
+    (tmp_path / "a.keys").write_text("key-file\n")
+    document = _document(engine_tls={"ca_file": "ca.pem"})
+    document["pools"][0]["tenants"][0]["api_keys_file"] = "a.keys"
+    document["controlplane"] = {
+        "admin_token_file": "/run/secrets/token",
+        "tls": {"cert_file": "cp.pem", "key_file": "cp.key"},
+    }
+    document["gateway"] = {"controlplane_tls": {"ca_file": "sub/ca.pem"}}
+
+    config = load_config(_write(tmp_path, document))
+
+    pool = config.pool("default")
+    assert config.controlplane.tls is not None
+    assert config.gateway.controlplane_tls is not None
+    assert pool.engine_tls is not None
+    assert pool.tenants[0].api_keys_file == str(tmp_path / "a.keys")
+    assert config.controlplane.admin_token_file == "/run/secrets/token"
+    assert config.controlplane.tls.cert_file == str(tmp_path / "cp.pem")
+    assert config.controlplane.tls.key_file == str(tmp_path / "cp.key")
+    assert config.gateway.controlplane_tls.ca_file == str(tmp_path / "sub" / "ca.pem")
+    assert pool.engine_tls.ca_file == str(tmp_path / "ca.pem")
+    assert pool.engine_tls.cert_file is None
+
+
+def test_a_config_without_paths_is_returned_as_it_is() -> None:
+    config = parse_config(_document())
+
+    assert with_resolved_paths(config, Path("/elsewhere")) is config
+
+
+def test_revealed_puts_every_secret_in_clear_without_changing_the_dump() -> None:
+    dump = {"a": SecretStr("x"), "b": [SecretStr("y"), {"c": SecretStr("z")}], "d": 1}
+
+    assert revealed(dump) == {"a": "x", "b": ["y", {"c": "z"}], "d": 1}
+    assert isinstance(dump["a"], SecretStr)
+
+
+def test_an_unreadable_secret_file_names_the_field_and_the_path(tmp_path: Path) -> None:
+    missing = tmp_path / "token"
+
+    with pytest.raises(ConfigError, match=rf"^admin: cannot read {re.escape(str(missing))}: "):
+        read_secret_text(str(missing), field="admin")
+
+
+def test_set_flags_become_overrides_with_yaml_values() -> None:
+    assert parse_overrides(["gateway.port=8081", "pools.0.policy = slo", "x.y=null"]) == {
+        "gateway.port": 8081,
+        "pools.0.policy": "slo",
+        "x.y": None,
+    }
+    with pytest.raises(ConfigError, match=r"expected SECTION\.FIELD=VALUE"):
+        parse_overrides(["gateway.port"])

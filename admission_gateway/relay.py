@@ -1,0 +1,272 @@
+"""Relaying a request to the engine and its answer back: the gateway's upstream side.
+
+`EngineRelay.forward` sends an admitted request (or a /v1/models query) to the pool's engine
+through the shared EngineClient (upstream.py: the connection pool, and the one retry of a request
+the engine never received), in a client span ("upstream POST /v1/...") whose context goes to the
+engine in `traceparent`, and relays the answer:
+
+- a streamed answer chunk by chunk as the engine sends it. If the engine fails after the stream
+  has begun, the status can no longer change: the stream ends with an SSE `data: {"error": ...}`
+  event, as vLLM itself does;
+- any other answer whole, with the engine's own status (vLLM's 400, 404, 503, ...) and body; a
+  503 without Retry-After gets the gateway's, and an error body that is not JSON (a crashed
+  engine's "Internal Server Error") becomes an OpenAI error with the same status;
+- 502 when the engine could not be reached or dropped the connection, 504 when
+  upstream_timeout_s expired.
+
+Hop-by-hop headers go neither way, nor the client's API key to the engine; every answer carries
+the request's X-Request-Id. A cancelled handler (the client went away) closes the upstream
+connection, which is how the engine learns to abort the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from collections.abc import Mapping
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from opentelemetry import trace
+
+from admission_gateway.errors import (
+    OpenAIError,
+    engine_failed,
+    sse_error_event,
+    upstream_timeout,
+    upstream_unavailable,
+    write_quietly,
+)
+from admission_gateway.figures import RequestFigures
+from admission_gateway.first_token import FirstTokenDetector
+from admission_gateway.gateway_state import TenantState
+from admission_gateway.upstream import EngineClient
+from slotshift.trace_context import inject_into
+
+logger = logging.getLogger(__name__)
+
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+NOT_FORWARDED_UPSTREAM = _HOP_BY_HOP | {"host", "content-length", "authorization", "x-request-id"}
+"""Client headers the engine does not get: it needs no credentials, and the client's key must go
+no further than the gateway (X-Request-Id is set anew, see `request_id`)."""
+NOT_FORWARDED_DOWNSTREAM = _HOP_BY_HOP | {"content-length", "server", "date", "x-request-id"}
+"""Engine headers the client does not get."""
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+class EngineRelay:
+    """Forwards requests to one engine and relays its answers (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        engine: EngineClient,
+        engine_url: str,
+        upstream_timeout_s: float,
+        retry_after: Mapping[str, str],
+        figures: RequestFigures,
+        tracer: trace.Tracer,
+    ) -> None:
+        self._engine = engine
+        self._engine_url = engine_url.rstrip("/")
+        self._upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
+        self._retry_after = dict(retry_after)
+        self._figures = figures
+        self._tracer = tracer
+
+    async def forward(
+        self,
+        request: web.Request,
+        path: str,
+        body: bytes | None,
+        *,
+        tenant: TenantState | None,
+        arrived: float | None,
+    ) -> web.StreamResponse:
+        """`request` (with `body`, read already) sent to the engine's `path`, its answer
+        relayed. With `tenant` and `arrived` (the request's arrival), a successful answer's
+        latencies are recorded for the tenant. Raises OpenAIError for the errors the client
+        gets as a status (502, 504, the engine's non-JSON errors)."""
+        url = self._engine_url + path
+        with self._tracer.start_as_current_span(
+            f"upstream {request.method} {path}",
+            kind=trace.SpanKind.CLIENT,
+            attributes={"http.request.method": request.method, "url.full": url},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                response = await self._call_engine(
+                    request, url, body, span, tenant=tenant, arrived=arrived
+                )
+            except OpenAIError as error:
+                record_status(span, error.status, error.code or error.error_type, client=True)
+                raise
+            except asyncio.CancelledError:
+                span.set_attribute("error.type", "client_disconnected")
+                raise
+            return response
+
+    async def _call_engine(
+        self,
+        request: web.Request,
+        url: str,
+        body: bytes | None,
+        span: trace.Span,
+        *,
+        tenant: TenantState | None,
+        arrived: float | None,
+    ) -> web.StreamResponse:
+        rid = request_id(request)
+        headers = forwardable(request.headers, NOT_FORWARDED_UPSTREAM)
+        headers["X-Request-Id"] = rid
+        # The engine continues this trace (vLLM does with --otlp-traces-endpoint); the client's
+        # own traceparent, if any, is this span's ancestor.
+        inject_into(headers, span)
+        try:
+            upstream = await self._engine.send(
+                request.method,
+                url,
+                data=body,
+                headers=headers,
+                client_timeout=self._upstream_timeout,
+            )
+        except TimeoutError:
+            raise upstream_timeout() from None
+        except aiohttp.ClientError as exc:
+            raise upstream_failed(exc) from None
+        record_status(span, upstream.status, None, client=True)
+        try:
+            if upstream.status == 200 and upstream.content_type == "text/event-stream":
+                return await self._relay_stream(request, upstream, rid, tenant, arrived)
+            try:
+                content = await upstream.read()
+            except TimeoutError:
+                raise upstream_timeout() from None
+            except aiohttp.ClientError as exc:
+                raise upstream_failed(exc) from None
+            if tenant is not None and arrived is not None and upstream.status < 400:
+                self._figures.completed(tenant, arrived)
+            if upstream.status >= 400 and upstream.content_type != "application/json":
+                # A crashed handler in the engine's web server answers plain text; OpenAI
+                # clients read errors as JSON.
+                raise engine_failed(upstream.status, content)
+            response_headers = forwardable(upstream.headers, NOT_FORWARDED_DOWNSTREAM)
+            response_headers["X-Request-Id"] = rid
+            if upstream.status == 503 and "Retry-After" not in response_headers:
+                # vLLM's admission rejection (--max-num-queued-reqs) names no time; say when
+                # to come back, as the gateway's own 503s do.
+                response_headers.update(self._retry_after)
+            return web.Response(status=upstream.status, body=content, headers=response_headers)
+        except BaseException:
+            # Closing (not releasing) drops the connection, which is how the engine learns that
+            # nobody waits for this request any more and aborts it.
+            upstream.close()
+            raise
+        finally:
+            upstream.release()
+
+    async def _relay_stream(
+        self,
+        request: web.Request,
+        upstream: aiohttp.ClientResponse,
+        rid: str,
+        tenant: TenantState | None,
+        arrived: float | None,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            status=upstream.status,
+            headers=forwardable(upstream.headers, NOT_FORWARDED_DOWNSTREAM),
+        )
+        response.headers["X-Request-Id"] = rid
+        await response.prepare(request)
+        first_token = FirstTokenDetector()
+        while True:
+            try:
+                chunk = await upstream.content.readany()
+            except TimeoutError:
+                upstream.close()
+                await write_quietly(response, sse_error_event(upstream_timeout()))
+                return response
+            except aiohttp.ClientError as exc:
+                upstream.close()
+                await write_quietly(response, sse_error_event(upstream_failed(exc)))
+                return response
+            if not chunk:
+                break
+            try:
+                await response.write(chunk)
+            except ConnectionResetError:
+                logger.debug("client went away during stream %s", rid)
+                upstream.close()
+                return response
+            if (
+                tenant is not None
+                and arrived is not None
+                and not first_token.found
+                and first_token.feed(chunk)
+            ):
+                self._figures.first_token(tenant, arrived)
+        if tenant is not None and arrived is not None:
+            self._figures.completed(tenant, arrived)
+        return response
+
+
+def record_status(
+    span: trace.Span, status: int, error: str | None, *, client: bool = False
+) -> None:
+    """The HTTP status on a span; 5xx, and 4xx on a client span, mark it failed (the HTTP
+    semantic conventions); `error` is the gateway's error code when it answered itself."""
+    span.set_attribute("http.response.status_code", status)
+    if error is not None:
+        span.set_attribute("error.type", error)
+    if status >= 500 or (client and status >= 400):
+        span.set_status(trace.StatusCode.ERROR, error or str(status))
+
+
+def request_id(request: web.Request) -> str:
+    """The id the request goes by upstream and in its answer: the client's X-Request-Id when it
+    is a plausible id (1 to 128 of `A-Za-z0-9._:-`), else a new random one."""
+    offered = request.headers.get("X-Request-Id", "")
+    if _REQUEST_ID.fullmatch(offered):
+        return offered
+    return uuid.uuid4().hex
+
+
+def forwardable(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
+    """The headers a proxy passes on: not hop-by-hop, not dropped, not named by Connection."""
+    named_by_connection = {
+        token.strip().lower()
+        for name, value in headers.items()
+        if name.lower() == "connection"
+        for token in value.split(",")
+    }
+    forwarded: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered not in dropped and lowered not in named_by_connection:
+            forwarded.add(name, value)
+    return forwarded
+
+
+def upstream_failed(exc: BaseException) -> OpenAIError:
+    """The 502 a client gets when the engine could not be reached or dropped the connection;
+    the cause is logged (a warning), since the client's answer does not name it."""
+    logger.warning("engine request failed: %s: %s", type(exc).__name__, exc)
+    return upstream_unavailable()

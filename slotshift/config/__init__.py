@@ -1,0 +1,63 @@
+"""The one configuration model shared by every slotshift service.
+
+All services read the same YAML file (`deploy/local/slotshift.yaml` is the demo); each takes the
+sections it needs. Models are frozen and validated on load: a bad file fails at start-up with the
+offending field named, never later. Units are in the field names. Environment variables and
+command-line flags are applied by the entrypoints (`slotshift_tools.cli`), never read here.
+
+One module per concern; everything public is imported from here (`from slotshift.config import
+PoolConfig`):
+- base: the model base, ConfigError, the shared field types;
+- tls: the TLS sections; pools: a pool and its tenants; policies: the policies' names and
+  settings; preemption: pausing borrowed work; services: the control plane's, the gateways' and
+  the telemetry agent's sections; emulator: the vLLM emulator's; local_stack: `slotshift up`'s;
+  document: the whole file;
+- loading: the YAML file and its validation; overrides: `--set a.b=c`;
+- paths: the one rule for file paths (a `_file` field is relative to the config file's folder);
+  secrets: the one way to reveal a secret, from its value or its file.
+"""
+
+from slotshift.config.base import ConfigError, Port, PositiveSeconds
+from slotshift.config.document import SlotshiftConfig
+from slotshift.config.emulator import EngineSimConfig
+from slotshift.config.loading import load_config, parse_config, validation_problems
+from slotshift.config.local_stack import LocalStackConfig
+from slotshift.config.overrides import apply_overrides, parse_overrides
+from slotshift.config.paths import resolve_path, with_resolved_paths
+from slotshift.config.policies import AgentPolicyConfig, PolicyName, SloPolicyConfig
+from slotshift.config.pools import PoolConfig, TenantConfig
+from slotshift.config.preemption import PreemptionConfig
+from slotshift.config.secrets import read_secret_file, read_secret_text, reveal, revealed
+from slotshift.config.services import AgentConfig, ControlPlaneConfig, GatewayConfig
+from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
+
+__all__ = [
+    "AgentConfig",
+    "AgentPolicyConfig",
+    "ClientTlsConfig",
+    "ConfigError",
+    "ControlPlaneConfig",
+    "EngineSimConfig",
+    "GatewayConfig",
+    "LocalStackConfig",
+    "PolicyName",
+    "PoolConfig",
+    "Port",
+    "PositiveSeconds",
+    "PreemptionConfig",
+    "ServerTlsConfig",
+    "SloPolicyConfig",
+    "SlotshiftConfig",
+    "TenantConfig",
+    "apply_overrides",
+    "load_config",
+    "parse_config",
+    "parse_overrides",
+    "read_secret_file",
+    "read_secret_text",
+    "resolve_path",
+    "reveal",
+    "revealed",
+    "validation_problems",
+    "with_resolved_paths",
+]

@@ -1,0 +1,49 @@
+"""What `slotshift up` starts on one machine."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from slotshift.config.base import ConfigModel, Port, PositiveSeconds
+
+
+class LocalStackConfig(ConfigModel):
+    """What `slotshift up` starts on one machine."""
+
+    gateway_ports: list[Port] = Field(default_factory=lambda: [8080, 8081])
+    """One gateway process per port."""
+
+    start_engine_sim: bool = True
+    """Start the emulator (false when a real engine serves the pool's engine_url)."""
+
+    ready_timeout_s: PositiveSeconds = 30.0
+    """Seconds each service gets to become ready."""
+
+    engine: Literal["emulator", "vllm"] = "emulator"
+    """The engine `slotshift up` starts: the emulator (if start_engine_sim), or real vLLM on the
+    CPU with a tiny local model (slotshift_tools/vllm_cpu; needs a checkout, builds its venv the first
+    time), which the gateways' pool and the agent are then pointed at."""
+
+    vllm_port: Port | None = None
+    """Port of the CPU vLLM server; unset: the port of the pool's engine_url (where the emulator
+    would listen, so whatever is pointed at the engine finds vLLM there); 0 picks a free one."""
+
+    vllm_served_model_name: str = "slotshift/tiny-llama"
+    """The model name the CPU vLLM serves (clients put it in `model`)."""
+
+    vllm_max_num_seqs: Annotated[int, Field(ge=1)] = 64
+    """vLLM's --max-num-seqs: requests in one batch; beyond it requests wait inside vLLM."""
+
+    vllm_block_size_tokens: Annotated[int, Field(ge=32, multiple_of=32)] | None = 32
+    """vLLM's --block-size: KV-cache block tokens (its CPU build takes multiples of 32). Small
+    blocks let a paused request's continuation hit the prefix cache (it hits whole blocks
+    only); unset: vLLM's own choice (128 on the CPU)."""
+
+    vllm_ready_timeout_s: PositiveSeconds = 120.0
+    """Seconds the CPU vLLM gets to answer /health (35-100 s here: the first start of a model
+    compiles it)."""
+
+    vllm_otlp_traces_endpoint: str | None = None
+    """vLLM's --otlp-traces-endpoint (OTLP/gRPC, e.g. http://127.0.0.1:4317); unset: no traces."""

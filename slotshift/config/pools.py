@@ -1,0 +1,141 @@
+"""A pool and its tenants: the slot budget, who shares it, and the bounds on each share."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, SecretStr, model_validator
+
+from slotshift.config.base import ConfigModel, Name, PositiveSeconds
+from slotshift.config.policies import AgentPolicyConfig, PolicyName, SloPolicyConfig
+from slotshift.config.preemption import PreemptionConfig
+from slotshift.config.tls import ClientTlsConfig
+
+
+class TenantConfig(ConfigModel):
+    """One tenant of a pool: who it is, how it authenticates, and the bounds on its slots."""
+
+    name: Name
+    """The tenant's name, as it appears in allocations, metrics and traces."""
+
+    api_keys: list[SecretStr] = Field(default_factory=list)
+    """API keys (`Authorization: Bearer KEY`) that identify this tenant at the gateways."""
+
+    api_keys_file: str | None = None
+    """A file with one API key per line, such as a mounted Kubernetes Secret; its keys are added to
+    api_keys when the config is loaded. A relative path is relative to the config file's folder;
+    blank lines and lines starting with `#` are ignored."""
+
+    floor_slots: Annotated[int, Field(ge=0)] = 1
+    """Slots the tenant always keeps, whatever its demand."""
+
+    ceiling_slots: Annotated[int, Field(ge=0)] | None = None
+    """Most slots the tenant may hold pool-wide; unset means the whole budget."""
+
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    """The tenant's share of the budget relative to the other tenants (its nominal share), and how
+    strongly its demand counts when the demand policy divides contended slots."""
+
+    lendable_percent: Annotated[float, Field(ge=0, le=100)] = 100.0
+    """slo policy: the part of the tenant's nominal share that may be lent to others while it does
+    not use it, in percent (Kubernetes APF's lendablePercent); the rest is a reserve never lent
+    (Kueue's lendingLimit counted from the other side)."""
+
+    borrowing_limit_percent: Annotated[float, Field(ge=0)] | None = None
+    """slo policy: most the tenant may borrow above its nominal share, in percent of that share
+    (APF's borrowingLimitPercent); unset means up to its ceiling."""
+
+    ttft_slo_ms: Annotated[float, Field(gt=0)] | None = None
+    """Target p99 time to first token, measured at the gateway from arrival (queueing included)."""
+
+    e2e_slo_ms: Annotated[float, Field(gt=0)] | None = None
+    """Target p99 end-to-end latency, measured at the gateway from arrival."""
+
+    preemptible: bool = False
+    """Whether the tenant's borrowed work may be paused when a lender needs its slots back, and
+    resumed later without loss (docs/preemption.md): meant for batch tenants. Only requests above
+    the tenant's own nominal share are ever paused. A tenant that is not preemptible borrows only
+    what the other tenants' reserves leave free, so that lending to it never costs a lender its
+    reserve."""
+
+    @model_validator(mode="after")
+    def _floor_within_ceiling(self) -> TenantConfig:
+        if self.ceiling_slots is not None and self.floor_slots > self.ceiling_slots:
+            raise ValueError(
+                f"floor_slots ({self.floor_slots}) is above ceiling_slots ({self.ceiling_slots})"
+            )
+        return self
+
+
+class PoolConfig(ConfigModel):
+    """One pool: one inference server (one vLLM engine) with its own fixed slot budget."""
+
+    name: Name
+    """The pool's name; every API message names its pool."""
+
+    budget_slots: Annotated[int, Field(ge=1)]
+    """Requests the pool lets into the engine at once, over all tenants and gateways."""
+
+    policy: PolicyName = "demand"
+    """The allocation policy that moves slots between this pool's tenants."""
+
+    decision_period_s: PositiveSeconds = 2.0
+    """Seconds between two allocation decisions."""
+
+    engine_url: str = "http://127.0.0.1:8000"
+    """Base URL of the engine's OpenAI-compatible API (the gateways proxy to it)."""
+
+    engine_tls: ClientTlsConfig | None = None
+    """How the gateways check an https engine_url (vLLM's --ssl-certfile), with a client
+    certificate if the engine requires one (--ssl-ca-certs, --ssl-cert-reqs 2); unset: the
+    system's roots for https."""
+
+    fast_path: bool = True
+    """Decide at once, not at the next period, when a tenant's queue grows while it holds less
+    than its nominal share (so that lent slots start coming back without delay)."""
+
+    fast_path_min_interval_s: PositiveSeconds = 0.02
+    """Least time between the starts of two decisions the fast path triggers. A burst reaches
+    the gateways a few milliseconds apart, so the first decision may see only part of it; the
+    next one, this long after, sees the rest (at 0.1 s the lender's p99 TTFT in
+    bench/scenarios/burst-full-share.yaml was 173 ms, at 0.02 s 101 ms). At most
+    1 / this many fast-path decisions a second."""
+
+    tenants: list[TenantConfig]
+    """The tenants sharing the budget."""
+
+    slo_policy: SloPolicyConfig = SloPolicyConfig()
+    """Settings of the slo policy (used when `policy` is slo, or as the agent's fallback)."""
+
+    agent_policy: AgentPolicyConfig = AgentPolicyConfig()
+    """Settings of the agent policy (used when `policy` is agent)."""
+
+    preemption: PreemptionConfig = PreemptionConfig()
+    """How borrowed work of preemptible tenants is paused and resumed (docs/preemption.md)."""
+
+    def ceiling_of(self, tenant: TenantConfig) -> int:
+        """The tenant's effective ceiling: its own, or the whole budget."""
+        if tenant.ceiling_slots is None:
+            return self.budget_slots
+        return min(tenant.ceiling_slots, self.budget_slots)
+
+    @model_validator(mode="after")
+    def _budget_fits_bounds(self) -> PoolConfig:
+        if not self.tenants:
+            raise ValueError("a pool needs at least one tenant")
+        names = [t.name for t in self.tenants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tenant names repeat: {duplicates}")
+        floors = sum(t.floor_slots for t in self.tenants)
+        if floors > self.budget_slots:
+            raise ValueError(
+                f"tenants' floor_slots sum to {floors}, above budget_slots ({self.budget_slots})"
+            )
+        ceilings = sum(self.ceiling_of(t) for t in self.tenants)
+        if ceilings < self.budget_slots:
+            raise ValueError(
+                f"tenants' ceiling_slots sum to {ceilings}, below budget_slots "
+                f"({self.budget_slots}): the budget could not be handed out in full"
+            )
+        return self
