@@ -8,11 +8,11 @@ nor which key matched. Keys never appear in messages or logs.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterable
 
-from slotshift.config import PoolConfig
+from slotshift.config import PoolConfig, reveal
+from slotshift.keys import MalformedBearer, MissingBearer, bearer_token, key_digest
 
 
 class AuthenticationError(Exception):
@@ -50,14 +50,14 @@ class Authenticator:
     def for_pool(cls, pool: PoolConfig) -> Authenticator:
         """The keys of every tenant of `pool`."""
         return cls(
-            (key.get_secret_value(), tenant.name)
+            (reveal(key), tenant.name)
             for tenant in pool.tenants
             for key in tenant.api_keys
         )
 
     def tenant_for(self, authorization: str | None) -> str:
         """The tenant named by an Authorization header's value; AuthenticationError otherwise."""
-        presented = key_digest(bearer_token(authorization))
+        presented = key_digest(_presented_key(authorization))
         matched: str | None = None
         for digest, tenant in self._entries:
             # Compare against every key, even after a match, so that the time taken does not
@@ -69,25 +69,19 @@ class Authenticator:
         return matched
 
 
-def bearer_token(authorization: str | None) -> str:
-    """The token of a `Bearer TOKEN` header value; AuthenticationError if absent or malformed."""
-    if authorization is None or not authorization.strip():
+def _presented_key(authorization: str | None) -> str:
+    """The key of an Authorization header's value, or the AuthenticationError to answer with."""
+    try:
+        return bearer_token(authorization)
+    except MissingBearer:
         raise AuthenticationError(
             "Missing API key: send it as 'Authorization: Bearer KEY'.", code="missing_api_key"
-        )
-    scheme, _, token = authorization.strip().partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
+        ) from None
+    except MalformedBearer:
         raise AuthenticationError(
             "Malformed Authorization header: expected 'Bearer KEY'.",
             code="malformed_authorization",
-        )
-    return token
-
-
-def key_digest(key: str) -> bytes:
-    """SHA-256 of an API key's UTF-8 bytes: the form keys are compared (and pushed) in."""
-    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+        ) from None
 
 
 def _entries(digests: Iterable[tuple[bytes, str]]) -> tuple[tuple[bytes, str], ...]:

@@ -10,8 +10,9 @@ Protocol (proto/slotshift/v1/gateway.proto):
   on "once acked, this gateway admits at most limit_slots" to keep the pool within its budget, so
   the ack never precedes the resize. Updates not newer than the applied version are ignored.
 
-While the stream is down the gateway keeps enforcing the last applied limits (fail-static) and
-reconnects with exponential backoff and jitter.
+While the stream is down the gateway keeps enforcing the last applied limits (fail-static; with
+`on_controlplane_loss: fallback`, at most the fallback split) and reconnects with exponential
+backoff and jitter (slotshift.reconnect).
 
 Traces: each connection attempt is a "controlplane.connect" span whose context goes in the call's
 metadata (the control plane handles the hello under it); each update is applied in an
@@ -24,12 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Callable, Mapping
 
 import grpc
-from google.protobuf.timestamp_pb2 import Timestamp
 from opentelemetry import trace
 from opentelemetry.context import Context
 
@@ -37,6 +38,7 @@ from admission_gateway.gateway_state import GatewayState, TenantDemand, TenantLi
 from admission_gateway.latency_window import LatencyPercentiles
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock
+from slotshift.reconnect import STREAM_GONE, ReconnectingStream, StreamState
 from slotshift.tls import ChannelSecurity, open_channel
 from slotshift.trace_context import (
     DECISION_TRACEPARENT,
@@ -46,6 +48,7 @@ from slotshift.trace_context import (
     span_context_from,
 )
 from slotshift.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from slotshift.wire import to_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -55,13 +58,14 @@ sends them (the gateway authenticates exactly these tenants from then on)."""
 
 _Call = grpc.aio.StreamStreamCall[gateway_pb2.GatewayMessage, gateway_pb2.ControlMessage]
 
-# How a dead stream shows itself: an RPC error, or (writing to a call the server has already
-# finished) InvalidStateError.
-_STREAM_GONE = (grpc.aio.AioRpcError, asyncio.InvalidStateError)
-
 
 class ControlClient:
-    """Keeps one gateway's stream to the control plane up and applies what it pushes."""
+    """Keeps one gateway's stream to the control plane up and applies what it pushes.
+
+    The stream is kept up by slotshift.reconnect (a fresh channel per attempt, backoff with
+    jitter, reset after a healthy stream, one log line per change of state); this class is the
+    session on it and what the gateway does when it comes and goes.
+    """
 
     def __init__(
         self,
@@ -81,56 +85,47 @@ class ControlClient:
     ) -> None:
         self._state = state
         self._on_tenants = on_tenants
-        self._security = security
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._target = target
         self._gateway_id = gateway_id
         self._report_interval_s = report_interval_s
         self._queue_report_min_interval_s = min(queue_report_min_interval_s, report_interval_s)
-        self._reconnect_initial_s = reconnect_initial_s
-        self._reconnect_max_s = max(reconnect_max_s, reconnect_initial_s)
         self._clock = clock
-        self._rng = rng if rng is not None else random.Random()
-        self.attempts = 0
-        """Connection attempts so far, successful or not."""
-        self.sessions_started = 0
-        """Streams opened so far (a hello was sent on each)."""
-        # None until the first attempt, so that a control plane unreachable from the start is
-        # logged once too.
-        self._logged_connected: bool | None = None
+        self._link = ReconnectingStream(
+            self._session,
+            open_channel=functools.partial(open_channel, target, security),
+            stream="control stream",
+            peer=f"the control plane at {target}",
+            initial_s=reconnect_initial_s,
+            max_s=max(reconnect_max_s, reconnect_initial_s),
+            clock=clock,
+            rng=rng if rng is not None else random.Random(),
+            logger=logger,
+            on_state=self._on_state,
+        )
 
     @property
     def connected(self) -> bool:
+        """Whether the stream to the control plane is open now."""
         return self._state.controlplane_connected
+
+    @property
+    def attempts(self) -> int:
+        """Connection attempts so far, successful or not."""
+        return self._link.attempts
+
+    @property
+    def sessions_started(self) -> int:
+        """Streams opened so far (a hello was sent on each)."""
+        return self._link.sessions_started
 
     async def run(self) -> None:
         """Connect, and reconnect whenever the stream ends, until cancelled."""
-        backoff_ms = int(self._reconnect_initial_s * 1000)
-        options = [
-            # The channel's own reconnection backoff would otherwise grow to minutes and keep a
-            # restarted control plane unreachable long after our own backoff has expired.
-            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
-            ("grpc.min_reconnect_backoff_ms", backoff_ms),
-            ("grpc.max_reconnect_backoff_ms", int(self._reconnect_max_s * 1000)),
-        ]
-        channel = open_channel(self._target, self._security, options)
-        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        delay_s = self._reconnect_initial_s
-        try:
-            while True:
-                if await self._session(stub):
-                    delay_s = self._reconnect_initial_s
-                # Jitter spreads the reconnections of many gateways after a control-plane restart.
-                await asyncio.sleep(delay_s * self._rng.uniform(0.5, 1.0))
-                delay_s = min(self._reconnect_max_s, delay_s * 2)
-        finally:
-            if self._state.controlplane_connected:
-                logger.info("closing the stream to the control plane at %s", self._target)
-            self._state.controlplane_connected = False
-            await channel.close(None)
+        await self._link.run()
 
-    async def _session(self, stub: gateway_pb2_grpc.GatewayServiceAsyncStub) -> bool:
-        """One stream, from hello to its end; True if it was established."""
+    async def _session(self, channel: grpc.aio.Channel, opened: Callable[[], None]) -> str:
+        """One stream, from hello to its end (see slotshift.reconnect.SessionBody)."""
+        stub = gateway_pb2_grpc.GatewayServiceStub(channel)
         connecting = self._tracer.start_span(
             "controlplane.connect",
             # A root: a connection belongs to no request or decision.
@@ -147,36 +142,27 @@ class ControlClient:
         )
         # None: messages are written with call.write, not drawn from an iterator.
         call: _Call = stub.Connect(None, metadata=grpc_metadata(carrier_of(connecting)))
-        self.attempts += 1
         writes = asyncio.Lock()
         tasks = Supervisor("control-stream")
-        established = False
         try:
             try:
                 await self._write(call, writes, gateway_pb2.GatewayMessage(hello=self._hello()))
-            except _STREAM_GONE as exc:
+            except STREAM_GONE as exc:
                 connecting.set_status(trace.StatusCode.ERROR, type(exc).__name__)
                 raise
             finally:
                 connecting.end()
-            established = True
-            self.sessions_started += 1
-            self._set_connected(True, "")
+            opened()
             tasks.spawn("demand-reports", self._report_periodically(call, writes), forever=False)
             async for message in call:
                 if message.HasField("allocation"):
                     await self._on_allocation(call, writes, message.allocation)
                 elif message.HasField("tenants"):
                     self._on_directory(message.tenants)
-            self._set_connected(False, "the control plane ended the stream")
-        except grpc.aio.AioRpcError as exc:
-            self._set_connected(False, f"{exc.code().name}: {exc.details()}")
-        except asyncio.InvalidStateError:
-            self._set_connected(False, "the control plane ended the stream")
+            return "the control plane ended the stream"
         finally:
             await tasks.stop()
             call.cancel()
-        return established
 
     async def _on_allocation(
         self, call: _Call, writes: asyncio.Lock, update: gateway_pb2.AllocationUpdate
@@ -286,11 +272,11 @@ class ControlClient:
                     pool=self._state.pool_name,
                     gateway_id=self._gateway_id,
                     applied_version=self._state.applied_version,
-                    observed_at=_timestamp(self._clock.wall()),
+                    observed_at=to_timestamp(self._clock.wall()),
                     tenants=_tenant_demands(self._state.demand()),
                 )
                 await self._write(call, writes, gateway_pb2.GatewayMessage(demand=report))
-        except _STREAM_GONE:
+        except STREAM_GONE:
             # The stream is gone; the reader sees it too and ends the session.
             return
 
@@ -310,40 +296,18 @@ class ControlClient:
         async with writes:
             await call.write(message)
 
-    def _set_connected(self, connected: bool, why: str) -> None:
-        self._state.controlplane_connected = connected
-        if connected == self._logged_connected:
-            return
-        never_connected = self._logged_connected is None
-        self._logged_connected = connected
-        if connected:
-            logger.info(
-                "connected to the control plane at %s as gateway %s (applied version %d)",
-                self._target,
-                self._gateway_id,
-                self._state.applied_version,
-            )
-        elif never_connected:
-            logger.warning(
-                "cannot reach the control plane at %s (%s); enforcing the fallback split and "
-                "retrying",
-                self._target,
-                why,
-            )
-        elif self._state.controlplane_lost():
-            logger.warning(
-                "lost the control plane at %s (%s); cut to at most the fallback split until it "
-                "is back",
-                self._target,
-                why,
-            )
-        else:
-            logger.warning(
-                "lost the control plane at %s (%s); enforcing allocation %d until it is back",
-                self._target,
-                why,
-                self._state.applied_version,
-            )
+    def _on_state(self, change: StreamState) -> str:
+        """Follow the stream's state; what the gateway enforces meanwhile, for the log line."""
+        self._state.controlplane_connected = change is StreamState.CONNECTED
+        if change is StreamState.CONNECTED:
+            return f"gateway {self._gateway_id}, applied version {self._state.applied_version}"
+        if change is StreamState.UNREACHABLE:
+            return "enforcing the fallback split"
+        if change is StreamState.LOST:
+            if self._state.controlplane_lost():
+                return "cut to at most the fallback split until it is back"
+            return f"enforcing allocation {self._state.applied_version} until it is back"
+        return ""
 
 
 def _tenant_demands(demands: list[TenantDemand]) -> list[common_pb2.TenantDemand]:
@@ -375,9 +339,3 @@ def _summary(percentiles: LatencyPercentiles) -> common_pb2.LatencySummary:
         p90_ms=percentiles.p90_s * 1000,
         p99_ms=percentiles.p99_s * 1000,
     )
-
-
-def _timestamp(wall_s: float) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromNanoseconds(round(wall_s * 1e9))
-    return stamp

@@ -24,7 +24,7 @@ from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from admission_gateway.admission import TenantAdmission
-from admission_gateway.auth import Authenticator, key_digest
+from admission_gateway.auth import Authenticator
 from admission_gateway.control_client import ControlClient
 from admission_gateway.errors import openai_errors
 from admission_gateway.gateway_state import GatewayState
@@ -34,6 +34,7 @@ from admission_gateway.upstream import EngineClient
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import ConfigError, SlotshiftConfig, reveal
+from slotshift.keys import key_digest
 from slotshift.tls import (
     ChannelSecurity,
     client_ssl_context,

@@ -28,6 +28,7 @@ from controlplane.decision_log import DecisionLog
 from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import PoolConfig
+from slotshift.newest import NewestBox
 
 logger = logging.getLogger(__name__)
 
@@ -81,40 +82,6 @@ class Delivery:
     """W3C context of the decision whose tenant limits it carries; empty before the first."""
 
 
-class Mailbox:
-    """The newest allocation waiting to be sent to one gateway; older unsent ones are dropped."""
-
-    def __init__(self) -> None:
-        self._latest: Delivery | None = None
-        self._ready = asyncio.Event()
-        self._closed = False
-
-    def put(self, delivery: Delivery) -> None:
-        self._latest = delivery
-        self._ready.set()
-
-    def close(self) -> None:
-        self._closed = True
-        self._ready.set()
-
-    def take_nowait(self) -> Delivery | None:
-        """The waiting allocation, if any, without waiting; None when there is none."""
-        if self._closed or self._latest is None:
-            return None
-        self._ready.clear()
-        latest, self._latest = self._latest, None
-        return latest
-
-    async def get(self) -> Delivery | None:
-        """The next allocation to send; None once the mailbox is closed."""
-        await self._ready.wait()
-        self._ready.clear()
-        if self._closed:
-            return None
-        latest, self._latest = self._latest, None
-        return latest
-
-
 @dataclass(frozen=True, slots=True)
 class TenantDirectory:
     """The pool's tenants and the SHA-256 digests of their API keys, for the gateways."""
@@ -130,7 +97,8 @@ class GatewaySession:
 
     gateway_id: str
     token: int
-    mailbox: Mailbox = field(default_factory=Mailbox)
+    mailbox: NewestBox[Delivery] = field(default_factory=NewestBox)
+    """The newest allocation waiting to be sent to this gateway; older unsent ones are dropped."""
     directory: TenantDirectory | None = None
     """A tenant directory to send before the next allocation (an allocation always follows:
     tenants change only with a new allocation), so that the gateway knows every tenant an

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from slotshift.v1 import telemetry_pb2
+from slotshift.wire import to_timestamp
 from telemetry_agent.engine_scraper import EngineScrape
 from telemetry_agent.gpu import GpuReading
 
@@ -26,7 +23,7 @@ def build_report(
     observed_at_s is wall-clock seconds since the epoch.
     """
     report = telemetry_pb2.TelemetryReport(
-        pool=pool, agent_id=agent_id, observed_at=_timestamp(observed_at_s), engine=engine.sample
+        pool=pool, agent_id=agent_id, observed_at=to_timestamp(observed_at_s), engine=engine.sample
     )
     if gpu.available:
         report.gpu_source = telemetry_pb2.GPU_SOURCE_NVML
@@ -57,15 +54,6 @@ def build_report(
         report.gpu_source = telemetry_pb2.GPU_SOURCE_UNAVAILABLE
         report.gpu_unavailable_reason = gpu.unavailable_reason
     return report
-
-
-def _timestamp(epoch_s: float) -> Timestamp:
-    # Whole seconds apart from the fraction: epoch seconds times 1e9 is past a double's precision.
-    seconds = math.floor(epoch_s)
-    nanos = round((epoch_s - seconds) * 1e9)
-    if nanos >= 1_000_000_000:
-        seconds, nanos = seconds + 1, nanos - 1_000_000_000
-    return Timestamp(seconds=seconds, nanos=nanos)
 
 
 def _engine_index(engine_label: str, position: int) -> int:

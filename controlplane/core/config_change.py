@@ -7,18 +7,18 @@ raises ConfigChangeError naming the field at fault; the pool passed in is never 
 are immutable).
 
 Tenants' API keys are not part of the configs built here: the control plane keeps only their
-SHA-256 digests (`key_digests`), which it hands to the gateways.
+SHA-256 digests (`slotshift.keys.key_digest`), which it hands to the gateways.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
 
 from slotshift.config import PoolConfig, reveal, revealed
+from slotshift.keys import key_digest
 
 TENANT_SETTINGS = (
     "floor_slots",
@@ -51,14 +51,9 @@ class UnknownTenantError(LookupError):
         super().__init__(f"tenant: no tenant {tenant!r} in pool {pool.name!r} (known: {known})")
 
 
-def key_digests(keys: Iterable[str]) -> tuple[bytes, ...]:
-    """SHA-256 of each API key, the form in which the control plane keeps and sends keys."""
-    return tuple(hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest() for key in keys)
-
-
 def config_key_digests(pool: PoolConfig) -> dict[str, tuple[bytes, ...]]:
     """tenant -> digests of the API keys its config gives it."""
-    return {t.name: key_digests(reveal(k) for k in t.api_keys) for t in pool.tenants}
+    return {t.name: tuple(key_digest(reveal(k)) for k in t.api_keys) for t in pool.tenants}
 
 
 def check_new_keys(
@@ -75,7 +70,7 @@ def check_new_keys(
             raise ConfigChangeError(
                 "tenant.api_keys", "a key must be non-empty, without whitespace"
             )
-    new = key_digests(keys)
+    new = tuple(key_digest(key) for key in keys)
     taken = {d for other, ds in digests.items() if other != tenant for d in ds}
     if taken.intersection(new):
         raise ConfigChangeError("tenant.api_keys", "a key already identifies another tenant")
@@ -83,7 +78,7 @@ def check_new_keys(
 
 
 def add_tenant(pool: PoolConfig, name: str, settings: Mapping[str, Any]) -> PoolConfig:
-    """`pool` with a new tenant (without API keys: see key_digests)."""
+    """`pool` with a new tenant (without API keys: see check_new_keys)."""
     _check_settings(settings)
     if any(t.name == name for t in pool.tenants):
         raise ConfigChangeError("tenant.name", f"pool {pool.name!r} already has a tenant {name!r}")

@@ -12,7 +12,7 @@ SHA-256 digests at once and never logged, traced or returned.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import hmac
 import logging
 from collections.abc import Callable, Mapping
@@ -32,6 +32,7 @@ from controlplane.decision_loop import DecisionLoop
 from controlplane.service import convert
 from controlplane.service.lookup import find_pool
 from slotshift.config import PoolConfig
+from slotshift.keys import BearerError, bearer_token, key_digest
 from slotshift.v1 import admin_pb2, admin_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         on_config_change: ConfigObserver | None = None,
     ) -> None:
         self._loops = loops
-        self._token_digest = None if admin_token is None else _sha256(admin_token)
+        self._token_digest = None if admin_token is None else key_digest(admin_token)
         self._on_config_change = on_config_change
 
     async def AddTenant(
@@ -163,10 +164,9 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         presented = ""
         for key, value in context.invocation_metadata() or ():
             if key.lower() == "authorization" and isinstance(value, str):
-                scheme, _, token = value.strip().partition(" ")
-                if scheme.lower() == "bearer":
-                    presented = token.strip()
-        if not hmac.compare_digest(_sha256(presented), self._token_digest):
+                with contextlib.suppress(BearerError):
+                    presented = bearer_token(value)
+        if not hmac.compare_digest(key_digest(presented), self._token_digest):
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "authorization: send the admin token as 'authorization: Bearer TOKEN' metadata",
@@ -180,8 +180,3 @@ def _required(field: str, value: str) -> str:
     if not value:
         raise ConfigChangeError(field, "required")
     return value
-
-
-def _sha256(text: str) -> bytes:
-    # Digests of equal length, so that the comparison's time says nothing of the token's length.
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from google.protobuf.timestamp_pb2 import Timestamp
-
 from controlplane.core.allocation import Allocation, GatewayLimit
 from controlplane.core.snapshot import Latency, TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
@@ -13,18 +11,13 @@ from controlplane.pool_state import TenantDirectory, TenantUsage
 from slotshift.apportion import nominal_shares
 from slotshift.config import PoolConfig
 from slotshift.v1 import admin_pb2, allocation_pb2, common_pb2, gateway_pb2, query_pb2
+from slotshift.wire import to_timestamp
 
 _OUTCOMES = {
     DecisionOutcome.PUBLISHED: query_pb2.DECISION_OUTCOME_PUBLISHED,
     DecisionOutcome.HELD: query_pb2.DECISION_OUTCOME_HELD,
     DecisionOutcome.REJECTED: query_pb2.DECISION_OUTCOME_REJECTED,
 }
-
-
-def timestamp(wall_s: float) -> Timestamp:
-    stamp = Timestamp()
-    stamp.FromNanoseconds(int(wall_s * 1e9))
-    return stamp
 
 
 def latency_from_proto(message: common_pb2.LatencySummary) -> Latency:
@@ -88,7 +81,7 @@ def allocation_to_proto(
         version=allocation.version,
         budget_slots=allocation.budget_slots,
         policy=allocation.policy,
-        created_at=timestamp(allocation.created_at_wall_s),
+        created_at=to_timestamp(allocation.created_at_wall_s),
         tenants=tenant_allocations(pool, allocation.tenant_limits),
         gateways=[
             allocation_pb2.GatewayAllocation(
@@ -124,7 +117,7 @@ def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Dec
     return query_pb2.Decision(
         id=record.id,
         pool=record.pool,
-        decided_at=timestamp(record.decided_at_wall_s),
+        decided_at=to_timestamp(record.decided_at_wall_s),
         policy=record.policy,
         outcome=_OUTCOMES[record.outcome],
         reason=record.reason,

@@ -132,7 +132,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         session: GatewaySession,
         context: grpc.aio.ServicerContext[object, object],
     ) -> None:
-        while (delivery := await session.mailbox.get()) is not None:
+        while (delivery := await session.mailbox.take()) is not None:
             directory, session.directory = session.directory, None
             if directory is not None:
                 # Before the allocation, so that the gateway knows every tenant it names.

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from admission_gateway.auth import AuthenticationError, Authenticator, bearer_token, key_digest
+from admission_gateway.auth import AuthenticationError, Authenticator
 from slotshift.config import PoolConfig
+from slotshift.keys import key_digest
 
 AUTHENTICATOR = Authenticator([("key-a", "A"), ("key-a2", "A"), ("key-b", "B")])
 
@@ -72,10 +73,6 @@ def test_keys_come_from_the_pool_configuration() -> None:
         "A",
         "B",
     ]
-
-
-def test_bearer_token_extracts_the_token() -> None:
-    assert bearer_token("Bearer abc.def") == "abc.def"
 
 
 def test_replaced_digests_decide_who_is_authenticated() -> None:

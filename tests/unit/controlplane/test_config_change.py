@@ -12,7 +12,6 @@ from controlplane.core.config_change import (
     add_tenant,
     check_new_keys,
     config_key_digests,
-    key_digests,
     remove_tenant,
     set_policy,
     update_tenant,
@@ -22,6 +21,7 @@ from controlplane.decision_loop import DecisionLoop
 from controlplane.pool_state import PoolState, TenantUsage
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, TenantConfig
+from slotshift.keys import key_digest
 
 POOL = PoolConfig(
     name="p",
@@ -96,7 +96,7 @@ def test_update_changes_only_what_it_names_and_clears() -> None:
 
 def test_new_keys_must_be_present_and_unique() -> None:
     digests = config_key_digests(POOL)
-    assert check_new_keys("C", ["key-c", "key-c"], digests) == key_digests(["key-c"])
+    assert check_new_keys("C", ["key-c", "key-c"], digests) == (key_digest("key-c"),)
     for keys, message in (
         ([], "at least one key"),
         ([""], "non-empty"),
@@ -128,12 +128,12 @@ def test_replace_config_bumps_the_version_and_pushes_directory_then_allocation()
     assert session.directory.tenants == config_key_digests(POOL)
     session.directory = None
     session.mailbox.take_nowait()
-    digests = {**state.key_digests, "C": key_digests(["key-c"])}
+    digests = {**state.key_digests, "C": (key_digest("key-c"),)}
     version = state.replace_config(add_tenant(POOL, "C", {"floor_slots": 2}), digests)
     assert version == state.config_version == 2
     assert session.directory is not None
     assert session.directory.config_version == 2
-    assert session.directory.tenants["C"] == key_digests(["key-c"])
+    assert session.directory.tenants["C"] == (key_digest("key-c"),)
     delivery = session.mailbox.take_nowait()
     assert delivery is not None
     assert set(delivery.allocation.gateways["gw"]) == {"A", "B", "C"}

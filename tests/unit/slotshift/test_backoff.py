@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from telemetry_agent.backoff import Backoff
+from slotshift.backoff import Backoff
 
 
 def test_delays_double_up_to_the_cap_and_stay_within_half_to_all_of_each_step() -> None:

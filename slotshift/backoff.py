@@ -8,7 +8,7 @@ import random
 class Backoff:
     """Delays that double from initial_s up to max_s, each drawn from [half, all] of its step.
 
-    The jitter spreads agents that lost the same control plane, so they do not all come back in
+    The jitter spreads clients that lost the same server, so they do not all come back in
     the same instant when it restarts; drawing below the step (never above) keeps every delay
     within max_s.
     """
