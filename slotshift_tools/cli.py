@@ -15,9 +15,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from slotshift.config import ConfigError, SlotshiftConfig, apply_overrides, load_config
+from slotshift.config import (
+    ConfigError,
+    SlotshiftConfig,
+    apply_overrides,
+    load_config,
+    parse_overrides,
+)
 from slotshift_tools.logs import configure_logging
 
 DEFAULT_CONFIG = "deploy/local/slotshift.yaml"
@@ -153,16 +157,6 @@ def _add_bench_parser(commands: Any) -> None:
         default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "WARNING"),
         help="log level of the harness and the stack's services (default %(default)s)",
     )
-
-
-def parse_overrides(pairs: list[str]) -> dict[str, Any]:
-    overrides: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--set {pair!r}: expected SECTION.FIELD=VALUE")
-        overrides[key.strip()] = yaml.safe_load(raw)
-    return overrides
 
 
 def load(args: argparse.Namespace) -> SlotshiftConfig:

@@ -19,7 +19,7 @@ import aiohttp
 import grpc
 
 from slotshift.apportion import nominal_shares
-from slotshift.config import PoolConfig, SlotshiftConfig
+from slotshift.config import PoolConfig, SlotshiftConfig, reveal
 from slotshift.v1 import query_pb2, query_pb2_grpc
 from slotshift_tools.engine_probe import requests_inside, served_model
 from slotshift_tools.metrics_scrape import scrape_samples
@@ -77,7 +77,7 @@ class Phases:
 async def run_demo(config: SlotshiftConfig, *, duration_s: float) -> bool:
     """Run the demo against the running stack; print the table; True when every check held."""
     pool = config.pool(config.gateway.pool)
-    keys = {t.name: t.api_keys[0].get_secret_value() for t in pool.tenants if t.api_keys}
+    keys = {t.name: reveal(t.api_keys[0]) for t in pool.tenants if t.api_keys}
     if set(keys) < {"A", "B"}:
         print("the demo needs tenants A and B with API keys in the pool", flush=True)
         return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from slotshift.config import reveal
 from slotshift_tools.bench.arrivals import (
     RequestShapes,
     arrival_times,
@@ -121,7 +122,7 @@ class LoadGenerator:
         counters.outstanding += 1
         try:
             await self._client.send(
-                trace, self._gateways[gateway], tenant.api_keys[0].get_secret_value(), shape
+                trace, self._gateways[gateway], reveal(tenant.api_keys[0]), shape
             )
         finally:
             counters.outstanding -= 1

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from slotshift.clock import Clock
 from slotshift.v1 import query_pb2, query_pb2_grpc
+from slotshift.wire import from_timestamp
 from slotshift_tools.bench.decisions import HELD, PUBLISHED, REJECTED, DecisionView, merge
 from slotshift_tools.bench.load import TenantCounters
 from slotshift_tools.metrics_scrape import Samples, scrape_samples, summed
@@ -97,7 +98,7 @@ def decision_view(decision: query_pb2.Decision) -> DecisionView:
     """What the harness keeps of a decision."""
     return DecisionView(
         id=decision.id,
-        decided_at_wall_s=decision.decided_at.ToNanoseconds() / 1e9,
+        decided_at_wall_s=from_timestamp(decision.decided_at),
         outcome=_OUTCOMES.get(decision.outcome, "unspecified"),
         outputs={o.tenant: o.limit_slots for o in decision.outputs},
         reason=decision.reason,

@@ -21,7 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from slotshift.config import PolicyName, PoolConfig, TenantConfig, validation_problems
+from slotshift.config import PolicyName, PoolConfig, TenantConfig, reveal, validation_problems
 
 POOL_BASELINE = "pool"
 """The baseline that is not a policy: one unpartitioned pool, every tenant's requests in one
@@ -346,7 +346,7 @@ class Scenario(_Model):
     def _consistent(self) -> Scenario:
         names = [t.name for t in self.tenants]
         _no_repeats("tenant names", names)
-        keys = [k.get_secret_value() for t in self.tenants for k in t.api_keys]
+        keys = [reveal(k) for t in self.tenants for k in t.api_keys]
         if len(set(keys)) != len(keys):
             raise ValueError("an API key is given to more than one tenant (or twice)")
         _no_repeats("run names", [p.name for p in self.policies])

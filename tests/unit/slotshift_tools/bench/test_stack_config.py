@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slotshift.apportion import nominal_shares
-from slotshift.config import PoolConfig, apply_overrides, parse_config
+from slotshift.config import PoolConfig, apply_overrides, parse_config, parse_overrides
 from slotshift_tools.bench.scenario import load_scenario
 from slotshift_tools.bench.stack_config import (
     StackPorts,
@@ -14,7 +14,6 @@ from slotshift_tools.bench.stack_config import (
     stack_config_data,
     stack_tenants,
 )
-from slotshift_tools.cli import parse_overrides
 
 SEED_PATH = Path(__file__).resolve().parents[4] / "bench" / "scenarios" / "seed.yaml"
 SEED = load_scenario(SEED_PATH)
