@@ -2,8 +2,12 @@
 
 Start order: engine (the emulator, or with `local_stack.engine: vllm` real vLLM on the CPU),
 control plane, gateways, agent; each must be ready (its health endpoint answers) before the next
-starts. Stop order is the reverse, each with SIGTERM and a grace period before SIGKILL. Every
-child's output is forwarded line by line, prefixed with its name.
+starts. Stop order is the reverse, each with SIGTERM (each service then says NOT_SERVING, stops
+accepting, drains and exits) and a grace period before SIGKILL. Every child's output is
+forwarded line by line, prefixed with its name, or written to a log file of its own.
+
+The tools that run a stack of their own (the bench, the soak) start it through LocalStack too:
+StackPorts picks free ports, write_config writes the config file the children read.
 """
 
 from __future__ import annotations
@@ -13,22 +17,28 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Any
 
 import aiohttp
 import grpc
+import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from slotshift.aiotasks import Supervisor
-from slotshift.config import SlotshiftConfig, apply_overrides
+from slotshift.config import SlotshiftConfig, apply_overrides, revealed
 
 logger = logging.getLogger(__name__)
 
+HOST = "127.0.0.1"
+"""Where a tool's own stack listens (StackPorts)."""
 STOP_GRACE_S = 10.0
 VLLM_STOP_GRACE_S = 30.0
 """vLLM shuts down an engine core and a worker process after its API server."""
@@ -36,6 +46,78 @@ VLLM_STOP_GRACE_S = 30.0
 
 class StackError(RuntimeError):
     """A service of the local stack failed to start."""
+
+
+@dataclass(frozen=True)
+class StackPorts:
+    """The ports a tool's own stack listens on, all at HOST."""
+
+    engine: int
+    controlplane: int
+    controlplane_metrics: int
+    agent_metrics: int
+    gateways: tuple[int, ...]
+
+    @classmethod
+    def free(cls, gateways: int) -> StackPorts:
+        """Ports that were free a moment ago, all different (the services bind them soon after;
+        another program taking one in between makes that service fail to start, loudly)."""
+        with ExitStack() as sockets:
+            ports = []
+            for _ in range(4 + gateways):
+                sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+                sock.bind((HOST, 0))
+                ports.append(int(sock.getsockname()[1]))
+        return cls(ports[0], ports[1], ports[2], ports[3], tuple(ports[4:]))
+
+    @property
+    def engine_url(self) -> str:
+        """The emulator's base URL."""
+        return f"http://{HOST}:{self.engine}"
+
+    def gateway_url(self, index: int) -> str:
+        """The base URL of gateway `index` (without /v1)."""
+        return f"http://{HOST}:{self.gateways[index]}"
+
+    def settings(self, config: SlotshiftConfig) -> dict[str, Any]:
+        """Overrides (dotted paths, for apply_overrides) that put every service of `config` on
+        these ports at HOST: the emulator as the first pool's engine, which the gateways serve
+        and the agent scrapes, both pointed at this control plane."""
+        target = f"{HOST}:{self.controlplane}"
+        pool = config.pools[0].name
+        return {
+            "engine_sim.host": HOST,
+            "engine_sim.port": self.engine,
+            "pools.0.engine_url": self.engine_url,
+            "controlplane.grpc_host": HOST,
+            "controlplane.grpc_port": self.controlplane,
+            "controlplane.metrics_port": self.controlplane_metrics,
+            "gateway.host": HOST,
+            "gateway.pool": pool,
+            "gateway.controlplane_target": target,
+            "agent.pool": pool,
+            "agent.controlplane_target": target,
+            "agent.engine_metrics_url": f"{self.engine_url}/metrics",
+            "agent.metrics_port": self.agent_metrics,
+            "agent.host": HOST,
+            "local_stack.gateway_ports": list(self.gateways),
+        }
+
+
+def write_config(
+    path: Path, config: SlotshiftConfig | Mapping[str, Any], *, header: str = ""
+) -> None:
+    """Write the config file the stack's children read (`--config path`): `config` with its
+    secrets in clear (a local file, for the children alone), or a config document as it is,
+    after `header` (comment lines); the folder is made if missing. Blocks: from a running loop,
+    call it through asyncio.to_thread."""
+    document = (
+        revealed(config.model_dump(mode="python"))
+        if isinstance(config, SlotshiftConfig)
+        else config
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(header + yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
 
 
 @dataclass
@@ -48,27 +130,38 @@ class Child:
 
 
 class LocalStack:
-    """The processes of the local stack."""
+    """The processes of the local stack: start() starts them in order, each ready before the
+    next; stop() stops them in reverse order. Each child is `slotshift <service> --config
+    config_path [--log-level log_level] [--set PAIR]...` (log_level None: each service's own
+    default); with `log_dir` each child's output goes to `log_dir/<name>.log` (appended), else
+    to this process's stdout, prefixed with its name. Set `interrupt` to give up a start."""
 
     def __init__(
         self,
         config: SlotshiftConfig,
         config_path: Path,
         overrides: list[str],
-        log_level: str,
+        log_level: str | None,
         *,
         interrupt: asyncio.Event | None = None,
+        log_dir: Path | None = None,
     ) -> None:
         self.config = config
         """The stack's config, with the engine's address once start() has chosen it."""
         self._interrupt = interrupt if interrupt is not None else asyncio.Event()
-        self._base_args = ["--config", str(config_path), "--log-level", log_level]
+        self._log_dir = log_dir
+        self._base_args = ["--config", str(config_path)]
+        if log_level is not None:
+            self._base_args += ["--log-level", log_level]
         for pair in overrides:
             self._base_args += ["--set", pair]
         self._children: list[Child] = []
         self._tasks = Supervisor("local-stack")
 
     async def start(self) -> None:
+        """Start every service of `config` in order, each ready before the next; StackError
+        when one exits, is not ready within its timeout, or `interrupt` is set meanwhile (the
+        children started so far keep running until stop())."""
         config = self.config
         timeout_s = config.local_stack.ready_timeout_s
         if config.local_stack.engine == "vllm":
@@ -188,17 +281,25 @@ class LocalStack:
                 *self._base_args,
                 *extra,
             ]
-        process = await asyncio.create_subprocess_exec(
-            *argv,
-            env=env,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            # Own process group: Ctrl-C reaches `up`, which stops the children in order.
-            start_new_session=True,
-        )
+        log: IO[bytes] | None = None
+        if self._log_dir is not None:
+            log = await asyncio.to_thread((self._log_dir / f"{name}.log").open, "ab")
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                stdout=asyncio.subprocess.PIPE if log is None else log,
+                stderr=asyncio.subprocess.STDOUT,
+                # Own process group: Ctrl-C reaches `up`, which stops the children in order.
+                start_new_session=True,
+            )
+        finally:
+            if log is not None:
+                log.close()
         child = Child(name, process, stop_grace_s=stop_grace_s, owns_process_group=argv is not None)
         self._children.append(child)
-        self._tasks.spawn(f"forward-output/{name}", self._forward(child), forever=False)
+        if log is None:
+            self._tasks.spawn(f"forward-output/{name}", self._forward(child), forever=False)
         deadline = time.monotonic() + timeout_s
         while not await ready():
             if process.returncode is not None:
@@ -221,6 +322,13 @@ class LocalStack:
     def failed(self) -> list[str]:
         """Children that have exited on their own."""
         return [c.name for c in self._children if c.process.returncode is not None]
+
+    def pids(self) -> dict[str, int | None]:
+        """Each child started so far, by name in start order: its pid while it runs, None once
+        it has exited (for sampling its memory, say)."""
+        return {
+            c.name: c.process.pid if c.process.returncode is None else None for c in self._children
+        }
 
     async def stop(self) -> None:
         """SIGTERM each child in reverse start order; SIGKILL what outlives the grace period."""

@@ -1,14 +1,16 @@
 """`slotshift soak`: the local stack under mixed load for a long while, watched for leaks.
 
 The services run as separate processes on free ports (emulator, control plane, two gateways,
-agent), started from the given config with a small per-gateway queue so that bursts overflow it.
-For `duration_s` both tenants send chat and completion requests, streamed and not, from
-closed-loop clients; some clients leave mid-stream, some requests are cancelled by their client
-while they wait, some use a bad key or a body that is not JSON, and bursts overflow a tenant's
-queue (429). Every `sample_interval_s` the soak records each service's resident memory
-(VmRSS from /proc), each gateway's in flight and queued per tenant, the engine's running and
-waiting requests (polled far more often, so that the recorded maximum is a true peak), and the
-outcomes so far by kind. After the load it waits a grace period for the gateways to drain.
+agent), started and stopped in order by slotshift_tools.local_stack.LocalStack from the given
+config, with a small per-gateway queue so that bursts overflow it; each writes its output to
+`<name>.log` beside the results. For `duration_s` both tenants send chat and completion
+requests, streamed and not, from closed-loop clients; some clients leave mid-stream, some
+requests are cancelled by their client while they wait, some use a bad key or a body that is
+not JSON, and bursts overflow a tenant's queue (429). Every `sample_interval_s` the soak
+records each service's resident memory (VmRSS from /proc), each gateway's in flight and queued
+per tenant, the engine's running and waiting requests (polled far more often, so that the
+recorded maximum is a true peak), and the outcomes so far by kind. After the load it waits a
+grace period for the gateways to drain.
 
 It writes `soak.json` (samples and a summary with a pass/fail per criterion) and `soak.png` (RSS
 per service and in flight over time). The criteria: in flight and queued end at 0 and every
@@ -28,33 +30,26 @@ import logging
 import math
 import os
 import random
-import signal
-import socket
 import statistics
 import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import grpc
-import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 from matplotlib.figure import Figure
-from pydantic import SecretStr
 
 from slotshift.aiotasks import Supervisor
-from slotshift.config import SlotshiftConfig, apply_overrides, load_config
+from slotshift.config import SlotshiftConfig, apply_overrides, load_config, reveal
 from slotshift_tools.engine_probe import served_model
+from slotshift_tools.local_stack import LocalStack, StackPorts, write_config
 from slotshift_tools.metrics_scrape import Samples, scrape_samples, summed
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
 DEFAULT_DURATION_S = 600.0
 SAMPLE_INTERVAL_S = 5.0
 ENGINE_POLL_S = 0.25
@@ -75,10 +70,8 @@ RSS_GROWTH_LIMIT_PERCENT = 25.0
 """A service's RSS growth fails the soak only when it exceeds both limits."""
 RSS_WINDOW_S = 60.0
 """RSS growth compares the median of the first and the last window of this length."""
-STOP_GRACE_S = 15.0
-
-Probe = Callable[[], Awaitable[bool]]
-"""Whether a service is ready."""
+READY_TIMEOUT_S = 60.0
+"""Seconds each service gets to become ready."""
 
 EXPECTED_KINDS = frozenset(
     {"ok", "http_400", "http_401", "http_429", "disconnected_by_design", "cancelled_by_design"}
@@ -86,173 +79,20 @@ EXPECTED_KINDS = frozenset(
 """Outcomes the load provokes on purpose; any other kind is an error."""
 
 
-@dataclass(frozen=True)
-class SoakPorts:
-    """The ports the soak's services listen on."""
-
-    engine: int
-    controlplane: int
-    controlplane_metrics: int
-    agent_metrics: int
-    gateways: tuple[int, int]
-
-    @classmethod
-    def free(cls) -> SoakPorts:
-        with ExitStack() as sockets:
-            ports = []
-            for _ in range(6):
-                sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                sock.bind((HOST, 0))
-                ports.append(int(sock.getsockname()[1]))
-        return cls(ports[0], ports[1], ports[2], ports[3], (ports[4], ports[5]))
-
-    def gateway_url(self, index: int) -> str:
-        return f"http://{HOST}:{self.gateways[index]}"
-
-    @property
-    def engine_url(self) -> str:
-        return f"http://{HOST}:{self.engine}"
-
-
-def soak_config(config: SlotshiftConfig, ports: SoakPorts) -> SlotshiftConfig:
-    """The config with the soak's ports and queue depth; the first pool is the one soaked."""
-    target = f"{HOST}:{ports.controlplane}"
+def soak_config(config: SlotshiftConfig, ports: StackPorts) -> SlotshiftConfig:
+    """The config with the soak's ports and queue depth; the first pool is the one soaked, on
+    the emulator whatever engine `config` names for `slotshift up`."""
     return apply_overrides(
         config,
         {
-            "engine_sim.host": HOST,
-            "engine_sim.port": ports.engine,
-            "pools.0.engine_url": ports.engine_url,
-            "controlplane.grpc_host": HOST,
-            "controlplane.grpc_port": ports.controlplane,
-            "controlplane.metrics_port": ports.controlplane_metrics,
-            "gateway.host": HOST,
-            "gateway.pool": config.pools[0].name,
-            "gateway.controlplane_target": target,
+            **ports.settings(config),
             "gateway.queue_max_depth": SOAK_QUEUE_DEPTH,
-            "gateway.fallback_replicas": 2,
-            "agent.pool": config.pools[0].name,
-            "agent.controlplane_target": target,
-            "agent.engine_metrics_url": f"{ports.engine_url}/metrics",
-            "agent.metrics_port": ports.agent_metrics,
-            "agent.host": HOST,
-            "local_stack.gateway_ports": list(ports.gateways),
+            "gateway.fallback_replicas": len(ports.gateways),
+            "local_stack.engine": "emulator",
+            "local_stack.start_engine_sim": True,
+            "local_stack.ready_timeout_s": READY_TIMEOUT_S,
         },
     )
-
-
-def _revealed(data: Any) -> Any:
-    """A config dump with its secrets in clear, for the services' config file (a local file the
-    soak writes for its own children)."""
-    if isinstance(data, SecretStr):
-        return data.get_secret_value()
-    if isinstance(data, dict):
-        return {key: _revealed(value) for key, value in data.items()}
-    if isinstance(data, list):
-        return [_revealed(value) for value in data]
-    return data
-
-
-class ServiceProcesses:
-    """The soak's services, each `slotshift <service> --config FILE` in a process of its own."""
-
-    def __init__(self, config_path: Path, log_dir: Path) -> None:
-        self._config_path = config_path
-        self._log_dir = log_dir
-        self.processes: dict[str, asyncio.subprocess.Process] = {}
-
-    async def start(self, name: str, command: str, *args: str) -> None:
-        log = await asyncio.to_thread((self._log_dir / f"{name}.log").open, "ab")
-        try:
-            self.processes[name] = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "slotshift_tools",
-                command,
-                "--config",
-                str(self._config_path),
-                *args,
-                stdout=log,
-                stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
-
-    def exited(self) -> list[str]:
-        return [name for name, p in self.processes.items() if p.returncode is not None]
-
-    async def stop(self) -> None:
-        """SIGTERM in reverse start order; SIGKILL what outlives STOP_GRACE_S."""
-        for name, process in reversed(list(self.processes.items())):
-            if process.returncode is not None:
-                continue
-            process.send_signal(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(process.wait(), STOP_GRACE_S)
-            except TimeoutError:
-                logger.warning("%s did not stop within %.0f s; killing it", name, STOP_GRACE_S)
-                process.kill()
-                await process.wait()
-
-
-async def _wait_ready(
-    services: ServiceProcesses, name: str, probe: Probe, timeout_s: float = 60.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await probe():
-        if name in services.exited():
-            raise RuntimeError(f"{name} exited while starting")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name} was not ready within {timeout_s:.0f} s")
-        await asyncio.sleep(0.1)
-
-
-def _http_ok(session: aiohttp.ClientSession, url: str) -> Probe:
-    async def probe() -> bool:
-        try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=1)) as response:
-                return response.status == 200
-        except (aiohttp.ClientError, TimeoutError):
-            return False
-
-    return probe
-
-
-def _grpc_serving(target: str) -> Probe:
-    async def probe() -> bool:
-        async with grpc.aio.insecure_channel(target) as channel:
-            try:
-                reply = await health_pb2_grpc.HealthStub(channel).Check(
-                    health_pb2.HealthCheckRequest(), timeout=1
-                )
-            except grpc.aio.AioRpcError:
-                return False
-            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-    return probe
-
-
-async def _start_stack(
-    services: ServiceProcesses, session: aiohttp.ClientSession, ports: SoakPorts
-) -> None:
-    """Start every service at once and wait until all are ready: gateways and agent reconnect
-    to the control plane until it answers, and gateways serve on their fallback split meanwhile
-    (the stack's start order matters for a person watching, not for correctness)."""
-    await services.start("engine-sim", "engine-sim")
-    await services.start("controlplane", "controlplane")
-    for index, port in enumerate(ports.gateways):
-        name = f"gateway-{index}"
-        await services.start(name, "gateway", "--port", str(port), "--gateway-id", name)
-    await services.start("agent", "agent")
-    probes = {
-        "engine-sim": _http_ok(session, f"{ports.engine_url}/health"),
-        "controlplane": _grpc_serving(f"{HOST}:{ports.controlplane}"),
-        "gateway-0": _http_ok(session, f"{ports.gateway_url(0)}/ready"),
-        "gateway-1": _http_ok(session, f"{ports.gateway_url(1)}/ready"),
-        "agent": _http_ok(session, f"http://{HOST}:{ports.agent_metrics}/health"),
-    }
-    await asyncio.gather(*(_wait_ready(services, name, probe) for name, probe in probes.items()))
 
 
 @dataclass
@@ -470,7 +310,9 @@ async def _watch_engine(
         await asyncio.sleep(ENGINE_POLL_S)
 
 
-async def _gateway_counters(session: aiohttp.ClientSession, ports: SoakPorts) -> dict[str, Samples]:
+async def _gateway_counters(
+    session: aiohttp.ClientSession, ports: StackPorts
+) -> dict[str, Samples]:
     scraped = await asyncio.gather(
         *(_scrape(session, f"{ports.gateway_url(i)}/metrics") for i in range(2))
     )
@@ -479,16 +321,16 @@ async def _gateway_counters(session: aiohttp.ClientSession, ports: SoakPorts) ->
 
 async def _take_sample(
     session: aiohttp.ClientSession,
-    ports: SoakPorts,
-    services: ServiceProcesses,
+    ports: StackPorts,
+    stack: LocalStack,
     watch: _EngineWatch,
     outcomes: Outcomes,
     origin_s: float,
 ) -> SoakSample:
     gateways = await _gateway_counters(session, ports)
     rss = {
-        name: await asyncio.to_thread(_rss_mb, process.pid) if process.returncode is None else None
-        for name, process in services.processes.items()
+        name: await asyncio.to_thread(_rss_mb, pid) if pid is not None else None
+        for name, pid in stack.pids().items()
     }
     sample = SoakSample(
         t_s=round(time.monotonic() - origin_s, 3),
@@ -671,13 +513,13 @@ async def run_soak(
     soak.png into `out_dir`; return the summary (its `passed` says whether every criterion
     held)."""
     await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
-    ports = SoakPorts.free()
+    ports = StackPorts.free(gateways=2)
     config = soak_config(config, ports)
     config_path = out_dir / "slotshift.yaml"
-    document = _revealed(config.model_dump(mode="python"))
-    await asyncio.to_thread(config_path.write_text, yaml.safe_dump(document, sort_keys=False))
+    await asyncio.to_thread(write_config, config_path, config)
     pool = config.pools[0]
-    services = ServiceProcesses(config_path, out_dir)
+    # No --log-level: each service logs at its own default, into its file in out_dir.
+    stack = LocalStack(config, config_path, [], None, log_dir=out_dir)
     outcomes = Outcomes()
     watch = _EngineWatch()
     samples: list[SoakSample] = []
@@ -687,15 +529,15 @@ async def run_soak(
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         try:
-            await _start_stack(services, session, ports)
-            keys = [t.api_keys[0].get_secret_value() for t in pool.tenants if t.api_keys]
+            await stack.start()
+            keys = [reveal(t.api_keys[0]) for t in pool.tenants if t.api_keys]
             probe = _Target(ports.gateway_url(0), keys[0], "")
             model = await served_model(session, probe.gateway, probe.key, timeout_s=10)
             targets = [_Target(ports.gateway_url(g), key, model) for g in range(2) for key in keys]
             origin_s = time.monotonic()
 
             async def take() -> SoakSample:
-                return await _take_sample(session, ports, services, watch, outcomes, origin_s)
+                return await _take_sample(session, ports, stack, watch, outcomes, origin_s)
 
             tasks.spawn(
                 "engine-watch",
@@ -758,13 +600,13 @@ async def run_soak(
                 budget_slots=pool.budget_slots,
                 engine_peak=watch.peak,
                 duration_s=duration_s,
-                exited=services.exited(),
+                exited=stack.failed(),
             )
         finally:
             stop_load.set()
             stop_sampling.set()
             await tasks.stop()
-            await services.stop()
+            await stack.stop()
     report = {"summary": summary, "samples": [asdict(s) for s in samples]}
     await asyncio.to_thread((out_dir / "soak.json").write_text, json.dumps(report, indent=2))
     await asyncio.to_thread(plot_soak, samples, pool.budget_slots, out_dir / "soak.png")

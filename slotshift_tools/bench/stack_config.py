@@ -1,4 +1,5 @@
-"""The local stack's config for one run: the scenario's pool under the run's policy, free ports.
+"""The local stack's config for one run: the scenario's pool under the run's policy, free ports
+(slotshift_tools.local_stack.StackPorts, re-exported here).
 
 For a policy the pool has the scenario's tenants (keys, floors, ceilings, weights). For the
 `pool` baseline it has ONE tenant, `pool`, holding every tenant's keys with floor 0 and the whole
@@ -14,39 +15,20 @@ and the overrides are visible on each command line.
 from __future__ import annotations
 
 import json
-import socket
 from collections.abc import Mapping
-from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import Any
 
+from slotshift.config import reveal
 from slotshift_tools.bench.scenario import POOL_BASELINE, PolicyRun, Scenario
+from slotshift_tools.local_stack import HOST, StackPorts
 
-HOST = "127.0.0.1"
-
-
-@dataclass(frozen=True)
-class StackPorts:
-    """The ports one run's services listen on."""
-
-    engine: int
-    controlplane: int
-    controlplane_metrics: int
-    agent_metrics: int
-    gateways: tuple[int, ...]
-
-    @classmethod
-    def free(cls, gateways: int) -> StackPorts:
-        """Ports that were free a moment ago, all different (the services bind them soon after;
-        another program taking one in between makes that service fail to start, loudly)."""
-        count = 4 + gateways
-        with ExitStack() as sockets:
-            ports = []
-            for _ in range(count):
-                sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                sock.bind((HOST, 0))
-                ports.append(int(sock.getsockname()[1]))
-        return cls(ports[0], ports[1], ports[2], ports[3], tuple(ports[4:]))
+__all__ = [
+    "StackPorts",
+    "merged_overrides",
+    "override_args",
+    "stack_config_data",
+    "stack_tenants",
+]
 
 
 def stack_tenants(scenario: Scenario, run: PolicyRun) -> list[str]:
@@ -63,7 +45,7 @@ def stack_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
         tenants: list[dict[str, Any]] = [
             {
                 "name": POOL_BASELINE,
-                "api_keys": [k.get_secret_value() for t in scenario.tenants for k in t.api_keys],
+                "api_keys": [reveal(k) for t in scenario.tenants for k in t.api_keys],
                 "floor_slots": 0,
             }
         ]
@@ -72,7 +54,7 @@ def stack_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
         tenants = [
             {
                 "name": t.name,
-                "api_keys": [k.get_secret_value() for k in t.api_keys],
+                "api_keys": [reveal(k) for k in t.api_keys],
                 "floor_slots": t.floor_slots,
                 "ceiling_slots": t.ceiling_slots,
                 "weight": t.weight,
@@ -85,7 +67,7 @@ def stack_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
             for t in scenario.tenants
         ]
     controlplane = f"{HOST}:{ports.controlplane}"
-    engine = f"http://{HOST}:{ports.engine}"
+    engine = ports.engine_url
     return {
         "pools": [
             {

@@ -1,4 +1,5 @@
-"""The soak's verdicts, from made-up samples: each criterion fails when its figure says so."""
+"""The soak's verdicts, from made-up samples: each criterion fails when its figure says so;
+the config its stack runs on."""
 
 from __future__ import annotations
 
@@ -6,11 +7,15 @@ from typing import Any
 
 import pytest
 
+from slotshift.config import parse_config
+from slotshift_tools.local_stack import StackPorts
 from slotshift_tools.soak import (
     RSS_GROWTH_LIMIT_MB,
+    SOAK_QUEUE_DEPTH,
     Outcomes,
     SoakSample,
     rss_growth,
+    soak_config,
     summarize,
 )
 
@@ -140,3 +145,22 @@ def test_each_criterion_fails_on_its_own(change: dict[str, Any], failed: str) ->
     )
     assert summary["passed"] is False
     assert [name for name, held in summary["criteria"].items() if not held] == [failed]
+
+
+def test_the_soak_config_puts_the_stack_on_its_ports_with_a_small_queue() -> None:
+    config = parse_config(
+        {
+            "pools": [{"name": "p", "budget_slots": 8, "tenants": [{"name": "A"}]}],
+            "local_stack": {"engine": "vllm", "start_engine_sim": False},
+        }
+    )
+    ports = StackPorts(8000, 50051, 9100, 9101, (8080, 8081))
+    soaked = soak_config(config, ports)
+    assert soaked.pools[0].engine_url == "http://127.0.0.1:8000"
+    assert soaked.gateway.queue_max_depth == SOAK_QUEUE_DEPTH
+    assert soaked.gateway.fallback_replicas == 2
+    assert soaked.gateway.pool == soaked.agent.pool == "p"
+    assert soaked.local_stack.gateway_ports == [8080, 8081]
+    # Whatever `slotshift up` would start, the soak soaks the emulator.
+    assert soaked.local_stack.engine == "emulator"
+    assert soaked.local_stack.start_engine_sim is True

@@ -1,0 +1,50 @@
+"""The local stack's helpers for tools that run a stack of their own: the settings that put
+every service on a StackPorts (its free ports: tests/unit/slotshift_tools/bench/
+test_stack_config.py), the config file the children read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from slotshift.config import apply_overrides, load_config, parse_config
+from slotshift_tools.local_stack import HOST, StackPorts, write_config
+
+CONFIG = parse_config(
+    {
+        "pools": [
+            {
+                "name": "p",
+                "budget_slots": 8,
+                "tenants": [{"name": "A", "api_keys": ["secret-key-a"]}],
+            }
+        ]
+    }
+)
+
+
+def test_the_settings_put_every_service_on_the_ports() -> None:
+    ports = StackPorts(8000, 50051, 9100, 9101, (8080, 8081))
+    config = apply_overrides(CONFIG, ports.settings(CONFIG))
+    assert ports.engine_url == config.pools[0].engine_url == f"http://{HOST}:8000"
+    assert ports.gateway_url(1) == f"http://{HOST}:8081"
+    assert (config.engine_sim.host, config.engine_sim.port) == (HOST, 8000)
+    assert (config.controlplane.grpc_host, config.controlplane.grpc_port) == (HOST, 50051)
+    assert config.controlplane.metrics_port == 9100
+    assert config.gateway.controlplane_target == config.agent.controlplane_target == f"{HOST}:50051"
+    assert config.gateway.pool == config.agent.pool == "p"
+    assert config.agent.engine_metrics_url == f"http://{HOST}:8000/metrics"
+    assert (config.agent.host, config.agent.metrics_port) == (HOST, 9101)
+    assert config.local_stack.gateway_ports == [8080, 8081]
+
+
+def test_a_written_config_reads_back_with_its_secrets(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "slotshift.yaml"
+    write_config(path, CONFIG)
+    assert load_config(path) == CONFIG
+    assert "secret-key-a" in path.read_text()
+
+
+def test_a_written_document_keeps_its_header(tmp_path: Path) -> None:
+    path = tmp_path / "slotshift.yaml"
+    write_config(path, {"pools": []}, header="# generated\n")
+    assert path.read_text() == "# generated\npools: []\n"
