@@ -9,6 +9,7 @@ no I/O and reads no clock.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,15 +117,17 @@ def _proportional(total: int, claims: Sequence[Claim]) -> list[float]:
     previous = breakpoints[0]
     if filled(previous) >= total:
         return [_clamp(previous * c.target, c.lower, c.upper) for c in claims]
-    for point in breakpoints[1:]:
-        if filled(point) >= total:
-            # On (previous, point) the claims strictly between their bounds grow linearly.
-            middle = (previous + point) / 2
-            slope = sum(c.target for c in claims if c.lower < middle * c.target < c.upper)
-            p = previous + (total - filled(previous)) / slope if slope > 0 else point
-            return [_clamp(p * c.target, c.lower, c.upper) for c in claims]
-        previous = point
-    return [float(c.upper) if c.target > 0 else float(c.lower) for c in claims]
+    # The first breakpoint where the claims hold the total: f is non-decreasing, so a binary
+    # search finds the same one a scan would, in O(n log n) instead of O(n^2).
+    index = bisect.bisect_left(breakpoints, True, lo=1, key=lambda point: filled(point) >= total)
+    if index == len(breakpoints):
+        return [float(c.upper) if c.target > 0 else float(c.lower) for c in claims]
+    previous, point = breakpoints[index - 1], breakpoints[index]
+    # On (previous, point) the claims strictly between their bounds grow linearly.
+    middle = (previous + point) / 2
+    slope = sum(c.target for c in claims if c.lower < middle * c.target < c.upper)
+    p = previous + (total - filled(previous)) / slope if slope > 0 else point
+    return [_clamp(p * c.target, c.lower, c.upper) for c in claims]
 
 
 def _round(total: int, claims: Sequence[Claim], shares: Sequence[float]) -> list[int]:
