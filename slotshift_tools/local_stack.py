@@ -272,6 +272,8 @@ class LocalStack:
         stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         """Start a child and wait until `ready`: `slotshift COMMAND` by default, or `argv`."""
+        # Only an outside argv (vLLM) starts processes of its own; our services start none.
+        owns_process_group = argv is not None
         if argv is None:
             argv = [
                 sys.executable,
@@ -296,7 +298,9 @@ class LocalStack:
         finally:
             if log is not None:
                 log.close()
-        child = Child(name, process, stop_grace_s=stop_grace_s, owns_process_group=argv is not None)
+        child = Child(
+            name, process, stop_grace_s=stop_grace_s, owns_process_group=owns_process_group
+        )
         self._children.append(child)
         if log is None:
             self._tasks.spawn(f"forward-output/{name}", self._forward(child), forever=False)
