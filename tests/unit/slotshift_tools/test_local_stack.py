@@ -22,6 +22,19 @@ CONFIG = parse_config(
 )
 
 
+def test_free_ports_are_all_different() -> None:
+    ports = StackPorts.free(gateways=3)
+    everything = [
+        ports.engine,
+        ports.controlplane,
+        ports.controlplane_metrics,
+        ports.agent_metrics,
+        *ports.gateways,
+    ]
+    assert len(set(everything)) == 7
+    assert all(port > 0 for port in everything)
+
+
 def test_the_settings_put_every_service_on_the_ports() -> None:
     ports = StackPorts(8000, 50051, 9100, 9101, (8080, 8081))
     config = apply_overrides(CONFIG, ports.settings(CONFIG))

@@ -20,19 +20,6 @@ SEED = load_scenario(SEED_PATH)
 PORTS = StackPorts(8000, 50051, 9100, 9101, (8080, 8081))
 
 
-def test_free_ports_are_all_different() -> None:
-    ports = StackPorts.free(gateways=3)
-    everything = [
-        ports.engine,
-        ports.controlplane,
-        ports.controlplane_metrics,
-        ports.agent_metrics,
-        *ports.gateways,
-    ]
-    assert len(set(everything)) == 7
-    assert all(port > 0 for port in everything)
-
-
 def test_a_policy_run_gets_the_scenarios_tenants() -> None:
     config = parse_config(stack_config_data(SEED, SEED.run("static"), PORTS))
     pool = config.pools[0]
