@@ -9,6 +9,9 @@ Protocol (proto/slotshift/v1/gateway.proto):
   AllocationAck (version and usage at that moment) is sent right after. The control plane counts
   on "once acked, this gateway admits at most limit_slots" to keep the pool within its budget, so
   the ack never precedes the resize. Updates not newer than the applied version are ignored.
+- every message with figures (hello, report, ack) says when they were taken (`observed_at`, the
+  gateway's wall clock), so that the control plane never lets older figures replace newer ones,
+  and each report names the version in force, which heals an ack that was lost.
 
 While the stream is down the gateway keeps enforcing the last applied limits (fail-static; with
 `on_controlplane_loss: fallback`, at most the fallback split) and reconnects with exponential

@@ -89,7 +89,10 @@ def test_a_published_decision_says_what_it_saw_chose_and_why(
     session = state.connect_gateway("gw", 0, [])
     slow = LatencySummary(count=10, p50_ms=300.0, p90_ms=600.0, p99_ms=900.0)
     state.record_demand(
-        session, 0, [TenantDemand("A", in_flight=2, ttft=slow), TenantDemand("B", queued=30)]
+        session,
+        0,
+        [TenantDemand("A", in_flight=2, ttft=slow), TenantDemand("B", queued=30)],
+        observed_at_wall_s=clock.wall(),
     )
     session.mailbox.take_nowait()
     clock.advance(1.0)
@@ -107,6 +110,7 @@ def test_a_published_decision_says_what_it_saw_chose_and_why(
     assert attributes["slotshift.decision.input.A.in_flight"] == 2
     assert attributes["slotshift.decision.input.B.queued"] == 30
     assert attributes["slotshift.decision.input.B.demand_slots"] == 30
+    assert attributes["slotshift.decision.input.B.demand_age_s"] == 1.0
     assert attributes["slotshift.decision.input.A.limit_slots"] == 48
     assert attributes["slotshift.decision.input.A.ttft_p99_ms"] == 900.0
     assert attributes["slotshift.decision.input.A.ttft_slo_ms"] == 500.0
