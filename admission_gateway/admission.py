@@ -66,8 +66,9 @@ REJECTION_REASONS: tuple[str, ...] = (QueueFull.reason, QueueTimeout.reason, Adm
 
 
 @dataclass(frozen=True, slots=True)
-class TenantUsage:
-    """One tenant's admission state at one moment."""
+class AdmissionCounts:
+    """One tenant's admission counters and gauges at one moment: the admission's part of the
+    tenant's demand (slotshift.demand.TenantDemand, which the gateway builds from it)."""
 
     tenant: str
     limit_slots: int
@@ -295,9 +296,9 @@ class TenantAdmission:
     def closed(self) -> bool:
         return self._closed
 
-    def usage(self) -> TenantUsage:
+    def counts(self) -> AdmissionCounts:
         """The counters and gauges as one consistent snapshot."""
-        return TenantUsage(
+        return AdmissionCounts(
             tenant=self.tenant,
             limit_slots=self._limit,
             in_flight=self._in_flight,

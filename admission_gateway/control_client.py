@@ -9,6 +9,9 @@ Protocol (proto/slotshift/v1/gateway.proto):
   AllocationAck (version and usage at that moment) is sent right after. The control plane counts
   on "once acked, this gateway admits at most limit_slots" to keep the pool within its budget, so
   the ack never precedes the resize. Updates not newer than the applied version are ignored.
+- every message with figures (hello, report, ack) says when they were taken (`observed_at`, the
+  gateway's wall clock), so that the control plane never lets older figures replace newer ones,
+  and each report names the version in force, which heals an ack that was lost.
 
 While the stream is down the gateway keeps enforcing the last applied limits (fail-static; with
 `on_controlplane_loss: fallback`, at most the fallback split) and reconnects with exponential
@@ -34,8 +37,7 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from admission_gateway.gateway_state import GatewayState, TenantDemand, TenantLimit
-from admission_gateway.latency_window import LatencyPercentiles
+from admission_gateway.gateway_state import GatewayState, TenantLimit
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock
 from slotshift.reconnect import STREAM_GONE, ReconnectingStream, StreamState
@@ -48,7 +50,7 @@ from slotshift.trace_context import (
     span_context_from,
 )
 from slotshift.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from slotshift.wire import to_timestamp
+from slotshift.wire import demand_to_proto, to_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -225,7 +227,8 @@ class ControlClient:
                 pool=self._state.pool_name,
                 gateway_id=self._gateway_id,
                 version=update.version,
-                tenants=_tenant_demands(self._state.demand()),
+                observed_at=to_timestamp(self._clock.wall()),
+                tenants=_tenant_demands(self._state),
             )
             logger.info(
                 "applied allocation %d: %s",
@@ -273,7 +276,7 @@ class ControlClient:
                     gateway_id=self._gateway_id,
                     applied_version=self._state.applied_version,
                     observed_at=to_timestamp(self._clock.wall()),
-                    tenants=_tenant_demands(self._state.demand()),
+                    tenants=_tenant_demands(self._state),
                 )
                 await self._write(call, writes, gateway_pb2.GatewayMessage(demand=report))
         except STREAM_GONE:
@@ -285,7 +288,8 @@ class ControlClient:
             pool=self._state.pool_name,
             gateway_id=self._gateway_id,
             applied_version=self._state.applied_version,
-            tenants=_tenant_demands(self._state.demand()),
+            observed_at=to_timestamp(self._clock.wall()),
+            tenants=_tenant_demands(self._state),
         )
 
     @staticmethod
@@ -310,32 +314,5 @@ class ControlClient:
         return ""
 
 
-def _tenant_demands(demands: list[TenantDemand]) -> list[common_pb2.TenantDemand]:
-    return [
-        common_pb2.TenantDemand(
-            tenant=d.usage.tenant,
-            in_flight=d.usage.in_flight,
-            queued=d.usage.queued,
-            admitted_total=d.usage.admitted_total,
-            completed_total=d.usage.completed_total,
-            rejected_total=d.usage.rejected_total,
-            limit_slots=d.usage.limit_slots,
-            ttft=_summary(d.ttft),
-            e2e=_summary(d.e2e),
-            queue_wait=_summary(d.queue_wait),
-            paused=d.usage.paused,
-            pauses_total=d.usage.pauses_total,
-            output_tokens_total=d.output_tokens_total,
-            waste_tokens_total=d.waste_tokens_total,
-        )
-        for d in demands
-    ]
-
-
-def _summary(percentiles: LatencyPercentiles) -> common_pb2.LatencySummary:
-    return common_pb2.LatencySummary(
-        count=percentiles.count,
-        p50_ms=percentiles.p50_s * 1000,
-        p90_ms=percentiles.p90_s * 1000,
-        p99_ms=percentiles.p99_s * 1000,
-    )
+def _tenant_demands(state: GatewayState) -> list[common_pb2.TenantDemand]:
+    return [demand_to_proto(demand) for demand in state.demand()]

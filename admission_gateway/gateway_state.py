@@ -2,7 +2,8 @@
 
 The HTTP side admits through it, the control stream applies allocations to it and reports from
 it, /metrics reads it. It holds no I/O and speaks no protocol: the control client turns protobuf
-messages into `TenantLimit`s and `TenantDemand`s into protobuf.
+messages into `TenantLimit`s, and the tenants' demand (slotshift.demand.TenantDemand, built here)
+into protobuf through slotshift.wire.
 """
 
 from __future__ import annotations
@@ -14,11 +15,12 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import SpanContext
 
-from admission_gateway.admission import TenantAdmission, TenantUsage
-from admission_gateway.latency_window import LatencyPercentiles, LatencyWindow
+from admission_gateway.admission import TenantAdmission
+from admission_gateway.latency_window import LatencyWindow
 from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import GatewayConfig, PoolConfig
+from slotshift.demand import TenantDemand
 
 logger = logging.getLogger(__name__)
 
@@ -34,18 +36,6 @@ class TenantLimit:
     """What the gateway may admit now (at most target_slots)."""
     pause_above_slots: int | None = None
     """Pause the tenant's running requests until at most this many run; None: pause nothing."""
-
-
-@dataclass(frozen=True, slots=True)
-class TenantDemand:
-    """One tenant's usage and recent latencies at one moment."""
-
-    usage: TenantUsage
-    ttft: LatencyPercentiles
-    e2e: LatencyPercentiles
-    queue_wait: LatencyPercentiles
-    output_tokens_total: int = 0
-    waste_tokens_total: int = 0
 
 
 class TenantState:
@@ -88,13 +78,24 @@ class TenantState:
         return self.discarded_output_tokens_total + self.recomputed_prompt_tokens_total
 
     def demand(self) -> TenantDemand:
+        """The tenant's demand here now: its admission's counts, its latency windows' summaries
+        (milliseconds) and its token counters."""
+        counts = self.admission.counts()
         return TenantDemand(
-            usage=self.admission.usage(),
+            tenant=self.name,
+            in_flight=counts.in_flight,
+            queued=counts.queued,
+            admitted_total=counts.admitted_total,
+            completed_total=counts.completed_total,
+            rejected_total=counts.rejected_total,
+            limit_slots=counts.limit_slots,
             ttft=self.ttft.percentiles(),
             e2e=self.e2e.percentiles(),
             queue_wait=self.admission.queue_wait.percentiles(),
+            paused=counts.paused,
             output_tokens_total=self.output_tokens_total,
             waste_tokens_total=self.waste_tokens_total,
+            pauses_total=counts.pauses_total,
         )
 
 

@@ -2,29 +2,21 @@
 
 The control plane judges tenants by how they are served now, not since start-up, so a gateway
 reports percentiles over a sliding window: the last `max_samples` observations that are at most
-`max_age_s` old. Pure stdlib; time comes from an injected Clock.
+`max_age_s` old. Latencies are observed in seconds (the gateway times requests on a monotonic
+clock in seconds) and summarised in milliseconds, the unit of the data path from here to the
+policy (slotshift.demand.LatencySummary): this summary is the one place that converts. Pure
+stdlib; time comes from an injected Clock.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
 
 from slotshift.clock import Clock
+from slotshift.demand import LatencySummary
 
-
-@dataclass(frozen=True, slots=True)
-class LatencyPercentiles:
-    """Percentiles of the observations in a window, in seconds; count 0 means unknown (all 0)."""
-
-    count: int
-    p50_s: float
-    p90_s: float
-    p99_s: float
-
-
-EMPTY_PERCENTILES = LatencyPercentiles(count=0, p50_s=0.0, p90_s=0.0, p99_s=0.0)
+_MS_PER_S = 1000.0
 
 
 class LatencyWindow:
@@ -41,24 +33,25 @@ class LatencyWindow:
         self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
 
     def observe(self, seconds: float) -> None:
-        """Record one latency (negative values, from clock skew, count as 0)."""
+        """Record one latency, in seconds (negative values, from clock skew, count as 0)."""
         self._samples.append((self._clock.monotonic(), max(0.0, seconds)))
 
     def __len__(self) -> int:
         self._forget_old()
         return len(self._samples)
 
-    def percentiles(self) -> LatencyPercentiles:
-        """p50/p90/p99 by nearest rank over the observations still in the window."""
+    def percentiles(self) -> LatencySummary:
+        """p50/p90/p99 by nearest rank over the observations still in the window, in
+        milliseconds; an empty window gives count 0 and all percentiles 0."""
         self._forget_old()
         if not self._samples:
-            return EMPTY_PERCENTILES
+            return LatencySummary()
         values = sorted(value for _, value in self._samples)
-        return LatencyPercentiles(
+        return LatencySummary(
             count=len(values),
-            p50_s=_nearest_rank(values, 0.50),
-            p90_s=_nearest_rank(values, 0.90),
-            p99_s=_nearest_rank(values, 0.99),
+            p50_ms=_nearest_rank(values, 0.50) * _MS_PER_S,
+            p90_ms=_nearest_rank(values, 0.90) * _MS_PER_S,
+            p99_ms=_nearest_rank(values, 0.99) * _MS_PER_S,
         )
 
     def _forget_old(self) -> None:

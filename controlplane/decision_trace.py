@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from opentelemetry import trace
 from opentelemetry.util.types import AttributeValue
 
-from controlplane.core.snapshot import Latency
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
 from slotshift.config import PoolConfig
+from slotshift.demand import LatencySummary
 from slotshift.trace_context import span_context_from
 
 DECISION_SPAN = "decision"
@@ -54,6 +54,8 @@ def decision_attributes(
             attributes[f"{inputs}.in_flight"] = load.in_flight
             attributes[f"{inputs}.queued"] = load.queued
             attributes[f"{inputs}.demand_slots"] = load.demand_slots
+            if load.demand_age_s is not None:
+                attributes[f"{inputs}.demand_age_s"] = load.demand_age_s
             attributes.update(_latency(f"{inputs}.ttft", load.ttft, tenant.ttft_slo_ms))
             attributes.update(_latency(f"{inputs}.e2e", load.e2e, tenant.e2e_slo_ms))
         if name in limits_before:
@@ -88,7 +90,9 @@ def describe(
         span.set_status(trace.StatusCode.ERROR, record.reason)
 
 
-def _latency(prefix: str, latency: Latency, slo_ms: float | None) -> dict[str, AttributeValue]:
+def _latency(
+    prefix: str, latency: LatencySummary, slo_ms: float | None
+) -> dict[str, AttributeValue]:
     """p50 and p99 when the window holds any sample; the SLO and whether p99 is over it when the
     tenant has one."""
     attributes: dict[str, AttributeValue] = {}

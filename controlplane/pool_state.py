@@ -1,6 +1,7 @@
 """Everything the control plane knows of one pool, and the one place it changes.
 
-PoolState holds the gateways' reports, the latest telemetry, the current allocation and the
+PoolState holds each gateway's newest figures (the `TenantDemand` of every tenant it reported,
+and when it observed them), the latest telemetry, the current allocation and the
 decision log. Every change goes through its methods, all called on the event loop; whenever the
 limits a gateway must enforce change, it builds a new immutable Allocation with the next version
 and drops it into every connected gateway's mailbox (the gRPC stream handler sends it). Between
@@ -15,7 +16,7 @@ import dataclasses
 import itertools
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from controlplane.core.allocation import Allocation, GatewayLimit
@@ -23,36 +24,15 @@ from controlplane.core.config_change import config_key_digests
 from controlplane.core.gateway_split import split_among_gateways, split_is_stale
 from controlplane.core.grants import Cell, compute_grants
 from controlplane.core.preemption import CellLoad, TenantTerms, pause_levels
-from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
+from controlplane.core.snapshot import PoolSnapshot, TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionLog
 from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import PoolConfig
+from slotshift.demand import LatencySummary, TenantDemand
 from slotshift.newest import NewestBox
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class TenantUsage:
-    """One tenant at one gateway, as the gateway last reported it."""
-
-    in_flight: int = 0
-    queued: int = 0
-    admitted_total: int = 0
-    completed_total: int = 0
-    rejected_total: int = 0
-    limit_slots: int = 0
-    """The limit the gateway enforced when it reported."""
-    ttft: Latency = Latency()
-    e2e: Latency = Latency()
-    queue_wait: Latency = Latency()
-    paused: int = 0
-    """Of `queued`, paused requests waiting to resume."""
-    output_tokens_total: int = 0
-    """Output tokens the engine generated for the tenant's requests there, since it started."""
-    waste_tokens_total: int = 0
-    """Of those, and of recomputed prompts, the tokens pausing wasted (docs/preemption.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +91,10 @@ class _GatewayRecord:
     session: GatewaySession
     connected: bool = True
     applied_version: int = 0
-    usage: dict[str, TenantUsage] = field(default_factory=dict)
+    demand: dict[str, TenantDemand] = field(default_factory=dict)
+    """tenant -> its demand here, from the newest figures the gateway sent (pool tenants only)."""
+    observed_at_wall_s: float | None = None
+    """When the gateway observed `demand` (its wall clock, from the message); None: unknown."""
     acked_limits: dict[str, int] = field(default_factory=dict)
     """Limits in force at the last acknowledgement (or the hello)."""
     sent: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -119,11 +102,39 @@ class _GatewayRecord:
     sent_at_s: dict[int, float] = field(default_factory=dict)
     lease_expires_at_s: float | None = None
 
+    def demand_of(self, tenant: str) -> TenantDemand:
+        """`tenant`'s demand here; all zero when the gateway has not reported it."""
+        demand = self.demand.get(tenant)
+        return demand if demand is not None else TenantDemand(tenant)
+
     def bound(self, tenant: str) -> int:
         """Most this gateway may be holding of `tenant` (see controlplane/core/grants.py)."""
         sent = max((limits.get(tenant, 0) for limits in self.sent.values()), default=0)
-        in_flight = self.usage.get(tenant, TenantUsage()).in_flight
+        in_flight = self.demand_of(tenant).in_flight
         return max(in_flight, self.acked_limits.get(tenant, 0), sent)
+
+    def take_figures(
+        self, demand: Iterable[TenantDemand], observed_at_wall_s: float | None, known: set[str]
+    ) -> bool:
+        """Hold `demand` (of the `known` tenants) as this gateway's figures, unless they were
+        observed before the figures held: a reordered or duplicated message must not bring old
+        figures back. Figures without an observation time are always taken. Returns whether
+        they were."""
+        held = self.observed_at_wall_s
+        if observed_at_wall_s is not None and held is not None and observed_at_wall_s < held:
+            return False
+        self.demand = {d.tenant: d for d in demand if d.tenant in known}
+        self.observed_at_wall_s = observed_at_wall_s
+        return True
+
+    def enforcing(self, version: int) -> None:
+        """The gateway says it enforces `version` now (an acknowledgement, or a report's
+        `applied_version`: so the next report heals a lost acknowledgement). Its limits then are
+        those sent with `version`; versions up to it are no longer pending."""
+        if version in self.sent:
+            self.acked_limits = self.sent[version]
+        self.sent = {v: lim for v, lim in self.sent.items() if v > version}
+        self.applied_version = max(self.applied_version, version)
 
 
 class PoolState:
@@ -186,13 +197,16 @@ class PoolState:
         self,
         gateway_id: str,
         applied_version: int,
-        usage: Mapping[str, TenantUsage],
+        demand: Iterable[TenantDemand],
         *,
+        observed_at_wall_s: float | None = None,
         trace_context: Mapping[str, str] | None = None,
     ) -> GatewaySession:
         """Register a (re)connecting gateway; returns its session, whose mailbox gets every
-        allocation from now on (the current one first). `trace_context` (W3C) is that of the
-        connection's span: the pushes it causes are its children."""
+        allocation from now on (the current one first). `demand` is what its hello says it holds
+        and enforces, observed at `observed_at_wall_s` (the gateway's wall clock; None:
+        unknown); tenants the pool does not know are dropped. `trace_context` (W3C) is that of
+        the connection's span: the pushes it causes are its children."""
         session = GatewaySession(
             gateway_id=gateway_id, token=next(self._tokens), directory=self.directory()
         )
@@ -201,10 +215,10 @@ class PoolState:
             previous.session.mailbox.close()
         record = _GatewayRecord(gateway_id=gateway_id, session=session)
         record.applied_version = applied_version
-        record.usage = dict(usage)
+        record.take_figures(demand, observed_at_wall_s, self.known_tenants())
         # What it enforces is what it says it enforces; limits sent to an earlier connection
         # and perhaps not yet applied still count.
-        record.acked_limits = {t: u.limit_slots for t, u in usage.items()}
+        record.acked_limits = {t: d.limit_slots for t, d in record.demand.items()}
         if previous is not None:
             record.sent = {v: lim for v, lim in previous.sent.items() if v > applied_version}
         # A restarted control plane continues above any version a gateway has seen, so that the
@@ -216,15 +230,35 @@ class PoolState:
         return session
 
     def record_demand(
-        self, session: GatewaySession, applied_version: int, usage: Mapping[str, TenantUsage]
-    ) -> None:
+        self,
+        session: GatewaySession,
+        applied_version: int,
+        demand: Iterable[TenantDemand],
+        *,
+        observed_at_wall_s: float | None = None,
+    ) -> bool:
+        """A gateway's demand report: its figures, observed at `observed_at_wall_s` (its wall
+        clock; None: unknown), while it enforces `applied_version`. Returns False, changing
+        nothing, when the session is not the gateway's live one or the report was observed
+        before the figures held (reordered or duplicated). Otherwise the figures replace the
+        gateway's (tenants the pool does not know dropped), `applied_version` counts as an
+        acknowledgement of that version, and the grants are recomputed."""
         record = self._live(session)
         if record is None:
-            return
-        record.usage = dict(usage)
+            return False
+        if not record.take_figures(demand, observed_at_wall_s, self.known_tenants()):
+            logger.debug(
+                "gateway %s: dropped a report observed before the figures held", record.gateway_id
+            )
+            return False
+        record.enforcing(applied_version)
+        # Kept for the version itself: should its acknowledgement still come, the push latency
+        # is measured.
+        record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v >= applied_version}
         self._observe_waste()
         self._check_fast_path()
         self.reconcile()
+        return True
 
     def _check_fast_path(self) -> None:
         """Ask for a decision now when a tenant's queue grows while it holds less than its
@@ -232,7 +266,7 @@ class PoolState:
         if not self.pool.fast_path:
             return
         queued = {
-            t.name: sum(g.usage.get(t.name, TenantUsage()).queued for g in self._gateways.values())
+            t.name: sum(g.demand_of(t.name).queued for g in self._gateways.values())
             for t in self.pool.tenants
         }
         nominal = nominal_shares(self.pool)
@@ -247,20 +281,24 @@ class PoolState:
         self._queued_before = queued
 
     def record_ack(
-        self, session: GatewaySession, version: int, usage: Mapping[str, TenantUsage]
+        self,
+        session: GatewaySession,
+        version: int,
+        demand: Iterable[TenantDemand],
+        *,
+        observed_at_wall_s: float | None = None,
     ) -> float | None:
-        """The gateway enforces `version` now; returns seconds since that version was sent."""
+        """The gateway enforces `version` now, with `demand` observed at `observed_at_wall_s`
+        (figures observed before those held are not taken; the version always is). Returns
+        seconds since that version was sent; None for a stale session or a version not pending."""
         record = self._live(session)
         if record is None:
             return None
-        latency = None
-        if version in record.sent:
-            record.acked_limits = record.sent[version]
-            latency = self._clock.monotonic() - record.sent_at_s[version]
-        record.sent = {v: lim for v, lim in record.sent.items() if v > version}
+        sent_at = record.sent_at_s.get(version)
+        latency = None if sent_at is None else self._clock.monotonic() - sent_at
+        record.enforcing(version)
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
-        record.applied_version = max(record.applied_version, version)
-        record.usage = dict(usage)
+        record.take_figures(demand, observed_at_wall_s, self.known_tenants())
         self.reconcile()
         return latency
 
@@ -368,15 +406,27 @@ class PoolState:
     # Decisions ----------------------------------------------------------------------------
 
     def snapshot(self) -> PoolSnapshot:
-        """What a policy sees now: tenant load summed over the gateways that may hold slots."""
+        """What a policy sees now: tenant load summed over the gateways that may hold slots, with
+        the age of the oldest figures in each sum."""
         loads: dict[str, TenantLoad] = {}
+        now_wall_s = self._clock.wall()
         for tenant in self.pool.tenants:
-            usages = [g.usage.get(tenant.name, TenantUsage()) for g in self._gateways.values()]
+            demands = [g.demand_of(tenant.name) for g in self._gateways.values()]
+            observed = [
+                g.observed_at_wall_s
+                for g in self._gateways.values()
+                if tenant.name in g.demand and g.observed_at_wall_s is not None
+            ]
             loads[tenant.name] = TenantLoad(
-                in_flight=sum(u.in_flight for u in usages),
-                queued=sum(u.queued for u in usages),
-                ttft=_merge([u.ttft for u in usages]),
-                e2e=_merge([u.e2e for u in usages]),
+                in_flight=sum(d.in_flight for d in demands),
+                queued=sum(d.queued for d in demands),
+                ttft=_merge([d.ttft for d in demands]),
+                e2e=_merge([d.e2e for d in demands]),
+                admitted_total=sum(d.admitted_total for d in demands),
+                completed_total=sum(d.completed_total for d in demands),
+                rejected_total=sum(d.rejected_total for d in demands),
+                # Two hosts' clocks: an age below 0 is skew, not news from the future.
+                demand_age_s=max(0.0, now_wall_s - min(observed)) if observed else None,
             )
         return PoolSnapshot(
             now_s=self._clock.monotonic(),
@@ -436,7 +486,7 @@ class PoolState:
         current = self.allocation
         connected = {g.gateway_id: g for g in self._gateways.values() if g.connected}
         demand = {
-            gid: {t: (u.in_flight, u.queued) for t, u in g.usage.items()}
+            gid: {t: (d.in_flight, d.queued) for t, d in g.demand.items()}
             for gid, g in connected.items()
         }
         targets = {
@@ -522,9 +572,8 @@ class PoolState:
         loads: dict[tuple[str, str], CellLoad] = {}
         for gid, record in connected.items():
             for tenant in terms:
-                usage = record.usage.get(tenant, TenantUsage())
                 loads[(gid, tenant)] = CellLoad(
-                    in_flight=usage.in_flight, grant=grants.get((gid, tenant), 0)
+                    in_flight=record.demand_of(tenant).in_flight, grant=grants.get((gid, tenant), 0)
                 )
         return pause_levels(terms, loads)
 
@@ -533,9 +582,9 @@ class PoolState:
         now = self._clock.monotonic()
         output = waste = 0
         for record in self._gateways.values():
-            for usage in record.usage.values():
-                output += usage.output_tokens_total
-                waste += usage.waste_tokens_total
+            for demand in record.demand.values():
+                output += demand.output_tokens_total
+                waste += demand.waste_tokens_total
         samples = self._waste_samples
         samples.append((now, output, waste))
         horizon = now - self.pool.preemption.waste_window_s
@@ -574,14 +623,14 @@ def _granted(allocation: Allocation, gateway_id: str, tenant: str) -> int:
     return limits[tenant].limit_slots if tenant in limits else 0
 
 
-def _merge(latencies: list[Latency]) -> Latency:
+def _merge(latencies: list[LatencySummary]) -> LatencySummary:
     """Percentiles of several gateways' windows: p50 weighted by count, p90 and p99 the worst
     (windows cannot be merged exactly without their samples; the tail errs on the safe side)."""
     known = [lat for lat in latencies if lat.count > 0]
     if not known:
-        return Latency()
+        return LatencySummary()
     count = sum(lat.count for lat in known)
-    return Latency(
+    return LatencySummary(
         count=count,
         p50_ms=sum(lat.p50_ms * lat.count for lat in known) / count,
         p90_ms=max(lat.p90_ms for lat in known),

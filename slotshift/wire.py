@@ -1,7 +1,9 @@
-"""Conversions between the services' own figures and the wire API's well-known types.
+"""Conversions between the ground's shapes and the wire API's messages.
 
 Times inside the services are float seconds (wall-clock seconds since the Unix epoch from
-`Clock.wall`); on the wire they are `google.protobuf.Timestamp`.
+`Clock.wall`); on the wire they are `google.protobuf.Timestamp`. A tenant's demand and its latency
+summaries (slotshift.demand) have the wire's fields and units (milliseconds), so converting them
+copies fields; this module is the only place that does, in both directions.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import math
 
 from google.protobuf.timestamp_pb2 import Timestamp
+
+from slotshift.demand import LatencySummary, TenantDemand
+from slotshift.v1 import common_pb2
 
 _NANOS_PER_S = 1_000_000_000
 
@@ -27,3 +32,61 @@ def to_timestamp(wall_s: float) -> Timestamp:
 def from_timestamp(stamp: Timestamp) -> float:
     """The seconds since the epoch that `stamp` stands for (the inverse of to_timestamp())."""
     return stamp.seconds + stamp.nanos / 1e9
+
+
+def latency_to_proto(summary: LatencySummary) -> common_pb2.LatencySummary:
+    """The wire's LatencySummary of `summary` (the same fields, milliseconds both)."""
+    return common_pb2.LatencySummary(
+        count=summary.count, p50_ms=summary.p50_ms, p90_ms=summary.p90_ms, p99_ms=summary.p99_ms
+    )
+
+
+def latency_from_proto(message: common_pb2.LatencySummary) -> LatencySummary:
+    """The LatencySummary a wire message stands for; a negative count reads as 0 (unknown)."""
+    return LatencySummary(
+        count=max(0, message.count),
+        p50_ms=message.p50_ms,
+        p90_ms=message.p90_ms,
+        p99_ms=message.p99_ms,
+    )
+
+
+def demand_to_proto(demand: TenantDemand) -> common_pb2.TenantDemand:
+    """The wire's TenantDemand of `demand`, field for field."""
+    return common_pb2.TenantDemand(
+        tenant=demand.tenant,
+        in_flight=demand.in_flight,
+        queued=demand.queued,
+        admitted_total=demand.admitted_total,
+        completed_total=demand.completed_total,
+        rejected_total=demand.rejected_total,
+        limit_slots=demand.limit_slots,
+        ttft=latency_to_proto(demand.ttft),
+        e2e=latency_to_proto(demand.e2e),
+        queue_wait=latency_to_proto(demand.queue_wait),
+        paused=demand.paused,
+        output_tokens_total=demand.output_tokens_total,
+        waste_tokens_total=demand.waste_tokens_total,
+        pauses_total=demand.pauses_total,
+    )
+
+
+def demand_from_proto(message: common_pb2.TenantDemand) -> TenantDemand:
+    """The TenantDemand a wire message stands for. A peer's message is not trusted to keep the
+    contract that counts are never negative: a negative count reads as 0."""
+    return TenantDemand(
+        tenant=message.tenant,
+        in_flight=max(0, message.in_flight),
+        queued=max(0, message.queued),
+        admitted_total=max(0, message.admitted_total),
+        completed_total=max(0, message.completed_total),
+        rejected_total=max(0, message.rejected_total),
+        limit_slots=max(0, message.limit_slots),
+        ttft=latency_from_proto(message.ttft),
+        e2e=latency_from_proto(message.e2e),
+        queue_wait=latency_from_proto(message.queue_wait),
+        paused=max(0, message.paused),
+        output_tokens_total=max(0, message.output_tokens_total),
+        waste_tokens_total=max(0, message.waste_tokens_total),
+        pauses_total=max(0, message.pauses_total),
+    )

@@ -38,9 +38,10 @@ from controlplane.core.reserves import (
     preemptible_tenants,
     reserve_excess,
 )
-from controlplane.core.snapshot import Latency, PoolSnapshot, TenantLoad
+from controlplane.core.snapshot import PoolSnapshot, TenantLoad
 from slotshift.apportion import Claim, apportion, nominal_shares
 from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
+from slotshift.demand import LatencySummary
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +282,7 @@ def _slo_pressure(tenant: TenantConfig, load: TenantLoad, boost: float) -> float
     return 1.0 + boost * overshoot
 
 
-def _overshoot(latency: Latency, slo_ms: float | None) -> float:
+def _overshoot(latency: LatencySummary, slo_ms: float | None) -> float:
     if slo_ms is None or latency.count == 0:
         return 0.0
     return max(0.0, latency.p99_ms / slo_ms - 1.0)

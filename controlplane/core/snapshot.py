@@ -5,25 +5,29 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True)
-class Latency:
-    """Percentiles of a recent window, in milliseconds; count 0 means unknown."""
-
-    count: int = 0
-    p50_ms: float = 0.0
-    p90_ms: float = 0.0
-    p99_ms: float = 0.0
+from slotshift.demand import LatencySummary
 
 
 @dataclass(frozen=True, slots=True)
 class TenantLoad:
-    """One tenant's load, summed over the pool's gateways."""
+    """One tenant's load, summed over the pool's gateways (each gateway's part is the
+    `slotshift.demand.TenantDemand` it last reported)."""
 
     in_flight: int = 0
     queued: int = 0
-    ttft: Latency = Latency()
-    e2e: Latency = Latency()
+    ttft: LatencySummary = LatencySummary()
+    """The gateways' windows merged: p50 weighted by count, p90 and p99 the worst."""
+    e2e: LatencySummary = LatencySummary()
+    """As `ttft`."""
+    admitted_total: int = 0
+    """The gateways' counters summed, each since that gateway started (shown, not decided on)."""
+    completed_total: int = 0
+    """As `admitted_total`."""
+    rejected_total: int = 0
+    """As `admitted_total`."""
+    demand_age_s: float | None = None
+    """Wall-clock seconds since the oldest of the summed figures was observed at its gateway;
+    None when none carries an observation time."""
 
     @property
     def demand_slots(self) -> int:

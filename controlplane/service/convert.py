@@ -1,59 +1,27 @@
-"""Translation between the API's messages and the control plane's own types."""
+"""Translation between the API's messages and the control plane's own types.
+
+A tenant's demand and its latency summaries are the ground's (slotshift.demand), converted by
+slotshift.wire; this module converts what only the control plane has.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from controlplane.core.allocation import Allocation, GatewayLimit
-from controlplane.core.snapshot import Latency, TelemetryView, TenantLoad
+from controlplane.core.snapshot import TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
-from controlplane.pool_state import TenantDirectory, TenantUsage
+from controlplane.pool_state import TenantDirectory
 from slotshift.apportion import nominal_shares
 from slotshift.config import PoolConfig
-from slotshift.v1 import admin_pb2, allocation_pb2, common_pb2, gateway_pb2, query_pb2
-from slotshift.wire import to_timestamp
+from slotshift.v1 import admin_pb2, allocation_pb2, gateway_pb2, query_pb2
+from slotshift.wire import latency_to_proto, to_timestamp
 
 _OUTCOMES = {
     DecisionOutcome.PUBLISHED: query_pb2.DECISION_OUTCOME_PUBLISHED,
     DecisionOutcome.HELD: query_pb2.DECISION_OUTCOME_HELD,
     DecisionOutcome.REJECTED: query_pb2.DECISION_OUTCOME_REJECTED,
 }
-
-
-def latency_from_proto(message: common_pb2.LatencySummary) -> Latency:
-    return Latency(
-        count=message.count, p50_ms=message.p50_ms, p90_ms=message.p90_ms, p99_ms=message.p99_ms
-    )
-
-
-def latency_to_proto(latency: Latency) -> common_pb2.LatencySummary:
-    return common_pb2.LatencySummary(
-        count=latency.count, p50_ms=latency.p50_ms, p90_ms=latency.p90_ms, p99_ms=latency.p99_ms
-    )
-
-
-def usage_from_proto(
-    tenants: Iterable[common_pb2.TenantDemand], known: set[str]
-) -> dict[str, TenantUsage]:
-    """Usage per tenant; tenants the pool does not know are dropped."""
-    return {
-        t.tenant: TenantUsage(
-            in_flight=max(0, t.in_flight),
-            queued=max(0, t.queued),
-            admitted_total=t.admitted_total,
-            completed_total=t.completed_total,
-            rejected_total=t.rejected_total,
-            limit_slots=max(0, t.limit_slots),
-            ttft=latency_from_proto(t.ttft),
-            e2e=latency_from_proto(t.e2e),
-            queue_wait=latency_from_proto(t.queue_wait),
-            paused=max(0, t.paused),
-            output_tokens_total=max(0, t.output_tokens_total),
-            waste_tokens_total=max(0, t.waste_tokens_total),
-        )
-        for t in tenants
-        if t.tenant in known
-    }
 
 
 def tenant_allocations(
@@ -132,6 +100,21 @@ def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Dec
     )
 
 
+def tenant_info(
+    pool: str, allocation: allocation_pb2.TenantAllocation, load: TenantLoad
+) -> query_pb2.TenantInfo:
+    """One tenant as ListTenants shows it: its allocation and its load summed over the gateways."""
+    return query_pb2.TenantInfo(
+        pool=pool,
+        allocation=allocation,
+        in_flight=load.in_flight,
+        queued=load.queued,
+        admitted_total=load.admitted_total,
+        completed_total=load.completed_total,
+        rejected_total=load.rejected_total,
+    )
+
+
 def _decision_input(tenant: str, load: TenantLoad) -> query_pb2.TenantDecisionInput:
     return query_pb2.TenantDecisionInput(
         tenant=tenant,
@@ -140,6 +123,7 @@ def _decision_input(tenant: str, load: TenantLoad) -> query_pb2.TenantDecisionIn
         demand_slots=load.demand_slots,
         ttft=latency_to_proto(load.ttft),
         e2e=latency_to_proto(load.e2e),
+        demand_age_s=-1.0 if load.demand_age_s is None else load.demand_age_s,
     )
 
 

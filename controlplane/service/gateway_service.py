@@ -10,6 +10,7 @@ from opentelemetry import trace
 
 from controlplane.pool_state import Delivery, GatewaySession, PoolState
 from controlplane.service import convert
+from slotshift.demand import TenantDemand
 from slotshift.trace_context import (
     DECISION_TRACEPARENT,
     carrier_from_grpc_metadata,
@@ -17,6 +18,7 @@ from slotshift.trace_context import (
     parent_from,
 )
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
+from slotshift.wire import demand_from_proto, from_timestamp
 
 AckObserver = Callable[[str, float], None]
 """Called with (pool, seconds from publishing a version to the gateway's acknowledgement)."""
@@ -81,7 +83,8 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             session = state.connect_gateway(
                 hello.gateway_id,
                 hello.applied_version,
-                convert.usage_from_proto(hello.tenants, state.known_tenants()),
+                _demands(hello),
+                observed_at_wall_s=_observed_at(hello),
                 trace_context=carrier_of(span),
             )
         reader = asyncio.create_task(
@@ -108,18 +111,19 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         messages: AsyncIterator[gateway_pb2.GatewayMessage],
     ) -> None:
         async for message in messages:
-            # Read each time: the admin API adds and removes tenants while gateways stay connected.
-            known = state.known_tenants()
             kind = message.WhichOneof("kind")
             if kind == "demand":
-                demand = message.demand
+                report = message.demand
                 state.record_demand(
-                    session, demand.applied_version, convert.usage_from_proto(demand.tenants, known)
+                    session,
+                    report.applied_version,
+                    _demands(report),
+                    observed_at_wall_s=_observed_at(report),
                 )
             elif kind == "ack":
                 ack = message.ack
                 latency = state.record_ack(
-                    session, ack.version, convert.usage_from_proto(ack.tenants, known)
+                    session, ack.version, _demands(ack), observed_at_wall_s=_observed_at(ack)
                 )
                 if latency is not None and self._on_ack is not None:
                     self._on_ack(state.pool.name, latency)
@@ -176,3 +180,17 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             if decision:
                 update.trace_context[DECISION_TRACEPARENT] = decision
             await context.write(gateway_pb2.ControlMessage(allocation=update))
+
+
+_Figures = gateway_pb2.GatewayHello | gateway_pb2.DemandReport | gateway_pb2.AllocationAck
+"""The gateway messages that carry its figures."""
+
+
+def _demands(message: _Figures) -> list[TenantDemand]:
+    return [demand_from_proto(t) for t in message.tenants]
+
+
+def _observed_at(message: _Figures) -> float | None:
+    """When the gateway observed the message's figures; None when it does not say (the pool's
+    state then never drops them as old)."""
+    return from_timestamp(message.observed_at) if message.HasField("observed_at") else None

@@ -69,14 +69,8 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
             for allocation in convert.tenant_allocations(
                 state.pool, state.allocation.tenant_limits
             ):
-                load = loads[allocation.tenant]
                 tenants.append(
-                    query_pb2.TenantInfo(
-                        pool=state.pool.name,
-                        allocation=allocation,
-                        in_flight=load.in_flight,
-                        queued=load.queued,
-                    )
+                    convert.tenant_info(state.pool.name, allocation, loads[allocation.tenant])
                 )
         return query_pb2.ListTenantsResponse(tenants=tenants)
 

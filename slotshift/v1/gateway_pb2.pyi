@@ -61,6 +61,7 @@ class GatewayHello(_message.Message):
     GATEWAY_ID_FIELD_NUMBER: _builtins.int
     APPLIED_VERSION_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
+    OBSERVED_AT_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     applied_version: _builtins.int
@@ -71,6 +72,10 @@ class GatewayHello(_message.Message):
         rebuilds its view of the pool before it grants anything.
         """
 
+    @_builtins.property
+    def observed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway took `tenants` (its wall clock); see DemandReport.observed_at."""
+
     def __init__(
         self,
         *,
@@ -78,10 +83,11 @@ class GatewayHello(_message.Message):
         gateway_id: _builtins.str = ...,
         applied_version: _builtins.int = ...,
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
+        observed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "gateway_id", b"gateway_id", "pool", b"pool", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -89,7 +95,7 @@ Global___GatewayHello: _TypeAlias = GatewayHello  # noqa: Y015
 
 @_typing.final
 class DemandReport(_message.Message):
-    """Per-tenant demand, sent periodically."""
+    """Per-tenant demand, sent periodically and when a tenant's requests start to queue."""
 
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -101,8 +107,16 @@ class DemandReport(_message.Message):
     pool: _builtins.str
     gateway_id: _builtins.str
     applied_version: _builtins.int
+    """The allocation version the gateway enforces (as an AllocationAck of it says: a report heals
+    a lost acknowledgement).
+    """
     @_builtins.property
-    def observed_at(self) -> _timestamp_pb2.Timestamp: ...
+    def observed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway took `tenants` (its wall clock). The control plane keeps the newest figures
+        of each gateway: a report, ack or hello observed before the figures it holds (reordered or
+        duplicated) does not replace them. Unset: unknown, never dropped.
+        """
+
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantDemand]: ...
     def __init__(
@@ -132,11 +146,16 @@ class AllocationAck(_message.Message):
     GATEWAY_ID_FIELD_NUMBER: _builtins.int
     VERSION_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
+    OBSERVED_AT_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     version: _builtins.int
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantDemand]: ...
+    @_builtins.property
+    def observed_at(self) -> _timestamp_pb2.Timestamp:
+        """When the gateway took `tenants` (its wall clock); see DemandReport.observed_at."""
+
     def __init__(
         self,
         *,
@@ -144,10 +163,11 @@ class AllocationAck(_message.Message):
         gateway_id: _builtins.str = ...,
         version: _builtins.int = ...,
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
+        observed_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gateway_id", b"gateway_id", "pool", b"pool", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

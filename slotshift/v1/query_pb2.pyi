@@ -166,10 +166,20 @@ class TenantInfo(_message.Message):
     ALLOCATION_FIELD_NUMBER: _builtins.int
     IN_FLIGHT_FIELD_NUMBER: _builtins.int
     QUEUED_FIELD_NUMBER: _builtins.int
+    ADMITTED_TOTAL_FIELD_NUMBER: _builtins.int
+    COMPLETED_TOTAL_FIELD_NUMBER: _builtins.int
+    REJECTED_TOTAL_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     in_flight: _builtins.int
     """Summed over the pool's gateways."""
     queued: _builtins.int
+    admitted_total: _builtins.int
+    """Counters summed over the gateways the control plane counts now, each since that gateway
+    started: requests admitted, admitted requests finished (whatever their outcome), requests
+    turned away before admission. The sums fall when a gateway restarts or its lease ends.
+    """
+    completed_total: _builtins.int
+    rejected_total: _builtins.int
     @_builtins.property
     def allocation(self) -> _allocation_pb2.TenantAllocation: ...
     def __init__(
@@ -179,10 +189,13 @@ class TenantInfo(_message.Message):
         allocation: _allocation_pb2.TenantAllocation | None = ...,
         in_flight: _builtins.int = ...,
         queued: _builtins.int = ...,
+        admitted_total: _builtins.int = ...,
+        completed_total: _builtins.int = ...,
+        rejected_total: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "in_flight", b"in_flight", "pool", b"pool", "queued", b"queued"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "allocation", b"allocation", "completed_total", b"completed_total", "in_flight", b"in_flight", "pool", b"pool", "queued", b"queued", "rejected_total", b"rejected_total"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -243,11 +256,16 @@ class TenantDecisionInput(_message.Message):
     DEMAND_SLOTS_FIELD_NUMBER: _builtins.int
     TTFT_FIELD_NUMBER: _builtins.int
     E2E_FIELD_NUMBER: _builtins.int
+    DEMAND_AGE_S_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     in_flight: _builtins.int
     queued: _builtins.int
     demand_slots: _builtins.int
     """What the policy took as the tenant's demand, in slots."""
+    demand_age_s: _builtins.float
+    """Seconds between when the oldest gateway figures summed in were observed (the gateways'
+    observed_at) and the decision; negative when no summed figures carry an observation time.
+    """
     @_builtins.property
     def ttft(self) -> _common_pb2.LatencySummary: ...
     @_builtins.property
@@ -261,10 +279,11 @@ class TenantDecisionInput(_message.Message):
         demand_slots: _builtins.int = ...,
         ttft: _common_pb2.LatencySummary | None = ...,
         e2e: _common_pb2.LatencySummary | None = ...,
+        demand_age_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["e2e", b"e2e", "ttft", b"ttft"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["demand_slots", b"demand_slots", "e2e", b"e2e", "in_flight", b"in_flight", "queued", b"queued", "tenant", b"tenant", "ttft", b"ttft"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["demand_age_s", b"demand_age_s", "demand_slots", b"demand_slots", "e2e", b"e2e", "in_flight", b"in_flight", "queued", b"queued", "tenant", b"tenant", "ttft", b"ttft"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

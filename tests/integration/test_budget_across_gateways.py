@@ -182,7 +182,7 @@ async def test_a_tenant_busy_at_one_gateway_leaves_headroom_at_the_others(
             ) as response:
                 assert response.status == 200, await response.text()
             waited = admission[2].queue_wait.percentiles()
-            assert waited.count == 1 and waited.p99_s < 0.005
+            assert waited.count == 1 and waited.p99_ms < 5.0
         finally:
             for task in running:
                 task.cancel()

@@ -382,7 +382,7 @@ async def test_a_flooding_tenant_cannot_take_another_tenants_slots(static_stack:
             waits = b.queue_wait.percentiles()
             assert waits.count == b.limit_slots
             # Admitted at once waits microseconds; behind A it would wait for A's endless flood.
-            assert waits.p99_s < 0.01, "B waited behind A"
+            assert waits.p99_ms < 10.0, "B waited behind A"
             assert a.in_flight == a.limit_slots, "A grew beyond its limit"
             assert a.queued == flood_size - a.limit_slots
             assert a.admitted_total == a.limit_slots

@@ -259,7 +259,7 @@ async def test_queue_wait_is_measured_on_the_injected_clock() -> None:
     assert held.queue_wait_s == 0.0
     assert slot.queue_wait_s == 2.5
     window = admission.queue_wait.percentiles()
-    assert (window.count, window.p99_s) == (2, 2.5)
+    assert (window.count, window.p99_ms) == (2, 2500.0)
     slot.release()
 
 

@@ -77,6 +77,8 @@ async def test_the_first_message_is_a_hello_with_the_fallback_limits(harness: Ha
     hello = session.received[0].hello
     assert (hello.pool, hello.gateway_id, hello.applied_version) == ("p", "gw-1", 0)
     assert limits(hello) == {"A": 4, "B": 4}
+    # Every message with figures says when they were taken, so that old ones can be told apart.
+    assert hello.observed_at.seconds == int(ManualClock().wall())
     assert len(session.of_kind("hello")) == 1
     await wait_until(lambda: harness.client.connected)
 
@@ -132,6 +134,7 @@ async def test_an_update_is_applied_then_acked(harness: Harness) -> None:
     await wait_until(lambda: bool(session.of_kind("ack")))
     ack = session.of_kind("ack")[0].ack
     assert (ack.pool, ack.gateway_id, ack.version) == ("p", "gw-1", 5)
+    assert ack.observed_at.seconds == int(ManualClock().wall())
     # The ack carries the new limits (applied before acking) and the usage at that moment: the
     # three running requests were not cancelled by the shrink.
     assert limits(ack) == {"A": 2, "B": 0}

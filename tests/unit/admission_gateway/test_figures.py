@@ -45,7 +45,7 @@ def test_a_latency_goes_to_the_window_and_the_histogram_at_once(
     getattr(figures, record)(state.tenants["A"], arrived)
 
     percentiles = getattr(state.tenants["A"], window).percentiles()
-    assert (percentiles.count, percentiles.p50_s) == (1, 0.25)
+    assert (percentiles.count, percentiles.p50_ms) == (1, 250.0)
     assert _histogram(metrics, histogram, "A") == (1.0, 0.25)
     assert getattr(state.tenants["B"], window).percentiles().count == 0
     assert _histogram(metrics, histogram, "B") == (0.0, 0.0)

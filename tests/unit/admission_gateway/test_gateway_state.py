@@ -1,11 +1,13 @@
 """What a gateway enforces when it loses the control plane: the last allocation, or with
-`on_controlplane_loss: fallback` never more than its static fallback split."""
+`on_controlplane_loss: fallback` never more than its static fallback split; what it reports of
+each tenant."""
 
 from __future__ import annotations
 
 from admission_gateway.gateway_state import GatewayState, TenantLimit
 from slotshift.clock import ManualClock
 from slotshift.config import GatewayConfig, PoolConfig, TenantConfig
+from slotshift.demand import LatencySummary, TenantDemand
 
 POOL = PoolConfig(
     name="p",
@@ -46,3 +48,27 @@ def test_fallback_cuts_each_tenant_to_at_most_its_static_split() -> None:
     # The fallback split is each nominal share (48) over two replicas: 24. A keeps its 2.
     assert _limits(state) == {"A": 2, "B": 24}
     assert state.applied_version == 3, "the version in force does not change"
+
+
+async def test_a_tenants_demand_is_built_from_its_counts_windows_and_tokens_in_ms() -> None:
+    clock = ManualClock()
+    state = GatewayState(POOL, GatewayConfig(), clock)
+    tenant = state.tenants["A"]
+    slot = await tenant.admission.acquire()
+    tenant.ttft.observe(0.125)
+    tenant.e2e.observe(0.5)
+    tenant.output_tokens_total = 40
+    tenant.discarded_output_tokens_total = 3
+    demand = {d.tenant: d for d in state.demand()}["A"]
+    assert demand == TenantDemand(
+        "A",
+        in_flight=1,
+        admitted_total=1,
+        limit_slots=tenant.admission.limit_slots,
+        ttft=LatencySummary(count=1, p50_ms=125.0, p90_ms=125.0, p99_ms=125.0),
+        e2e=LatencySummary(count=1, p50_ms=500.0, p90_ms=500.0, p99_ms=500.0),
+        queue_wait=LatencySummary(count=1),
+        output_tokens_total=40,
+        waste_tokens_total=3,
+    )
+    slot.release()

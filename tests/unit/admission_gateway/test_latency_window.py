@@ -1,4 +1,4 @@
-"""Recent-latency percentiles in bounded memory."""
+"""Recent-latency percentiles in bounded memory, observed in seconds, summarised in ms."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from slotshift.clock import ManualClock
 
 def test_an_empty_window_reports_count_zero() -> None:
     summary = LatencyWindow(ManualClock()).percentiles()
-    assert (summary.count, summary.p50_s, summary.p99_s) == (0, 0.0, 0.0)
+    assert (summary.count, summary.p50_ms, summary.p99_ms) == (0, 0.0, 0.0)
 
 
 def test_percentiles_by_nearest_rank() -> None:
@@ -18,7 +18,9 @@ def test_percentiles_by_nearest_rank() -> None:
     for value in range(1, 101):
         window.observe(value / 100)
     summary = window.percentiles()
-    assert (summary.count, summary.p50_s, summary.p90_s, summary.p99_s) == (100, 0.5, 0.9, 0.99)
+    assert (summary.count, summary.p50_ms, summary.p90_ms, summary.p99_ms) == pytest.approx(
+        (100, 500.0, 900.0, 990.0)
+    )
 
 
 def test_old_observations_leave_the_window() -> None:
@@ -29,7 +31,7 @@ def test_old_observations_leave_the_window() -> None:
     window.observe(1.0)
     clock.advance(5)
     summary = window.percentiles()
-    assert (summary.count, summary.p99_s) == (1, 1.0)
+    assert (summary.count, summary.p99_ms) == (1, 1000.0)
 
 
 def test_memory_is_bounded_by_count() -> None:
@@ -37,13 +39,13 @@ def test_memory_is_bounded_by_count() -> None:
     for value in (9.0, 1.0, 2.0, 3.0):
         window.observe(value)
     assert len(window) == 3
-    assert window.percentiles().p99_s == 3.0
+    assert window.percentiles().p99_ms == 3000.0
 
 
 def test_negative_latencies_count_as_zero() -> None:
     window = LatencyWindow(ManualClock())
     window.observe(-1.0)
-    assert window.percentiles().p50_s == 0.0
+    assert window.percentiles().p50_ms == 0.0
 
 
 @pytest.mark.parametrize(("samples", "age"), [(0, 1.0), (1, 0.0)])

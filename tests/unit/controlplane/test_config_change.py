@@ -18,9 +18,10 @@ from controlplane.core.config_change import (
 )
 from controlplane.core.demand_policy import DemandPolicy
 from controlplane.decision_loop import DecisionLoop
-from controlplane.pool_state import PoolState, TenantUsage
+from controlplane.pool_state import PoolState
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, TenantConfig
+from slotshift.demand import TenantDemand
 from slotshift.keys import key_digest
 
 POOL = PoolConfig(
@@ -144,9 +145,9 @@ def test_a_removed_tenants_slots_return_only_as_it_drains() -> None:
     clock = ManualClock()
     state = _state(clock)
     loop = DecisionLoop(state, DemandPolicy(), clock=clock)
-    usage = {"A": TenantUsage(in_flight=10, limit_slots=10), "B": TenantUsage(limit_slots=10)}
-    session = state.connect_gateway("gw", 0, usage)
-    state.record_demand(session, 0, usage)
+    demand = [TenantDemand("A", in_flight=10, limit_slots=10), TenantDemand("B", limit_slots=10)]
+    session = state.connect_gateway("gw", 0, demand)
+    state.record_demand(session, 0, demand)
     version = state.replace_config(remove_tenant(POOL, "A"), state.key_digests)
     record = loop.decide_once(trigger=f"config v{version}: removed tenant A")
     assert record.trigger == "config v2: removed tenant A"
@@ -158,7 +159,7 @@ def test_a_removed_tenants_slots_return_only_as_it_drains() -> None:
     assert limits["B"].limit_slots == 10
     assert state.known_tenants() == {"A", "B"}
     # A acknowledges its 0 and drains: B gets the rest, and A is forgotten.
-    drained = {"A": TenantUsage(in_flight=0, limit_slots=0), "B": TenantUsage(limit_slots=10)}
+    drained = [TenantDemand("A", in_flight=0, limit_slots=0), TenantDemand("B", limit_slots=10)]
     state.record_ack(session, state.allocation.version, drained)
     assert state.allocation.gateways["gw"]["B"].limit_slots == 20
     state.record_demand(session, state.allocation.version, drained)

@@ -13,11 +13,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from controlplane.core.demand_policy import DemandPolicy
 from controlplane.core.policy import PolicyDecision
-from controlplane.core.snapshot import Latency
 from controlplane.decision_loop import DecisionLoop
-from controlplane.pool_state import PoolState, TelemetryRecord, TenantUsage
+from controlplane.pool_state import PoolState, TelemetryRecord
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, TenantConfig
+from slotshift.demand import LatencySummary, TenantDemand
 from slotshift.trace_context import span_context_from, traceparent_of
 
 POOL = PoolConfig(
@@ -86,10 +86,13 @@ def test_a_published_decision_says_what_it_saw_chose_and_why(
 ) -> None:
     clock = ManualClock()
     state = _state(clock)
-    session = state.connect_gateway("gw", 0, {})
-    slow = Latency(count=10, p50_ms=300.0, p90_ms=600.0, p99_ms=900.0)
+    session = state.connect_gateway("gw", 0, [])
+    slow = LatencySummary(count=10, p50_ms=300.0, p90_ms=600.0, p99_ms=900.0)
     state.record_demand(
-        session, 0, {"A": TenantUsage(in_flight=2, ttft=slow), "B": TenantUsage(queued=30)}
+        session,
+        0,
+        [TenantDemand("A", in_flight=2, ttft=slow), TenantDemand("B", queued=30)],
+        observed_at_wall_s=clock.wall(),
     )
     session.mailbox.take_nowait()
     clock.advance(1.0)
@@ -107,6 +110,7 @@ def test_a_published_decision_says_what_it_saw_chose_and_why(
     assert attributes["slotshift.decision.input.A.in_flight"] == 2
     assert attributes["slotshift.decision.input.B.queued"] == 30
     assert attributes["slotshift.decision.input.B.demand_slots"] == 30
+    assert attributes["slotshift.decision.input.B.demand_age_s"] == 1.0
     assert attributes["slotshift.decision.input.A.limit_slots"] == 48
     assert attributes["slotshift.decision.input.A.ttft_p99_ms"] == 900.0
     assert attributes["slotshift.decision.input.A.ttft_slo_ms"] == 500.0
@@ -133,14 +137,14 @@ def test_later_regrants_are_pushed_under_the_decision_whose_limits_they_carry(
 ) -> None:
     clock = ManualClock()
     state = _state(clock)
-    session = state.connect_gateway("gw", 0, {"A": TenantUsage(in_flight=40, limit_slots=48)})
-    state.record_demand(session, 0, {"A": TenantUsage(in_flight=40), "B": TenantUsage(queued=60)})
+    session = state.connect_gateway("gw", 0, [TenantDemand("A", in_flight=40, limit_slots=48)])
+    state.record_demand(session, 0, [TenantDemand("A", in_flight=40), TenantDemand("B", queued=60)])
     DecisionLoop(state, DemandPolicy(), clock=clock, tracer=tracer).decide_once()
     (decision,) = _decisions(exporter)
     first = session.mailbox.take_nowait()
     assert first is not None
     # A drains: B's raise is granted at the next report, outside any decision.
-    state.record_demand(session, first.allocation.version, {"B": TenantUsage(in_flight=60)})
+    state.record_demand(session, first.allocation.version, [TenantDemand("B", in_flight=60)])
     regrant = session.mailbox.take_nowait()
     assert regrant is not None
     assert regrant.allocation.version > first.allocation.version
@@ -173,8 +177,8 @@ def test_a_rejected_decision_is_an_error_span_with_its_reason(
 def test_without_a_tracer_decisions_push_without_trace_context() -> None:
     clock = ManualClock()
     state = _state(clock)
-    session = state.connect_gateway("gw", 0, {})
-    state.record_demand(session, 0, {"B": TenantUsage(queued=30)})
+    session = state.connect_gateway("gw", 0, [])
+    state.record_demand(session, 0, [TenantDemand("B", queued=30)])
     session.mailbox.take_nowait()
     DecisionLoop(state, DemandPolicy(), clock=clock).decide_once()
     delivery = session.mailbox.take_nowait()

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from controlplane.core.demand_policy import DemandPolicy
 from controlplane.core.policies import POLICY_FACTORIES, make_policy
 from controlplane.core.reserves import hold_reserves, reserve_excess, reserves_in_force
-from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
+from controlplane.core.snapshot import PoolSnapshot, TelemetryView, TenantLoad
 from controlplane.core.validation import InvalidAllocation, validate_limits
 from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
+from slotshift.demand import LatencySummary
 
 
 def _pool(rng: random.Random, *, reserves: bool = False) -> PoolConfig:
@@ -71,11 +72,11 @@ def _pool(rng: random.Random, *, reserves: bool = False) -> PoolConfig:
     return PoolConfig(name="p", budget_slots=budget, tenants=tenants, slo_policy=slo_policy)
 
 
-def _latency(rng: random.Random) -> Latency:
+def _latency(rng: random.Random) -> LatencySummary:
     if rng.random() < 0.3:
-        return Latency()
+        return LatencySummary()
     p50 = rng.uniform(1, 5000)
-    return Latency(
+    return LatencySummary(
         count=rng.randint(1, 500), p50_ms=p50, p90_ms=p50 * 2, p99_ms=p50 * rng.uniform(2, 20)
     )
 

@@ -14,10 +14,11 @@ from controlplane.core.demand_policy import DemandPolicy
 from controlplane.core.slo_policy import SloPolicy
 from controlplane.decision_log import DecisionOutcome
 from controlplane.decision_loop import DecisionLoop
-from controlplane.pool_state import GatewaySession, PoolState, TenantUsage
+from controlplane.pool_state import GatewaySession, PoolState
 from slotshift.apportion import nominal_shares
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, TenantConfig
+from slotshift.demand import TenantDemand
 from tests.support import wait_until
 
 POOL = PoolConfig(
@@ -38,16 +39,16 @@ class SimGateway:
     applied_version: int = 0
     session: GatewaySession | None = None
 
-    def usage(self) -> dict[str, TenantUsage]:
-        return {
-            t: TenantUsage(
-                in_flight=self.in_flight[t], queued=self.queued[t], limit_slots=self.limits[t]
+    def demand(self) -> list[TenantDemand]:
+        return [
+            TenantDemand(
+                t, in_flight=self.in_flight[t], queued=self.queued[t], limit_slots=self.limits[t]
             )
             for t in self.limits
-        }
+        ]
 
     def connect(self, state: PoolState) -> None:
-        self.session = state.connect_gateway(self.gateway_id, self.applied_version, self.usage())
+        self.session = state.connect_gateway(self.gateway_id, self.applied_version, self.demand())
 
     def apply_pending(self, state: PoolState) -> bool:
         assert self.session is not None
@@ -59,7 +60,7 @@ class SimGateway:
             t: lim.limit_slots for t, lim in allocation.gateways[self.gateway_id].items()
         }
         self.applied_version = allocation.version
-        state.record_ack(self.session, allocation.version, self.usage())
+        state.record_ack(self.session, allocation.version, self.demand())
         return True
 
     def admit(self) -> None:
@@ -110,7 +111,7 @@ def test_budget_holds_under_random_interleavings(seed: int) -> None:
             gateway.in_flight[tenant] -= done
             gateway.admit()
         elif action < 0.95:
-            state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
         else:
             clock.advance(2.0)
             loop.decide_once()
@@ -124,7 +125,7 @@ def test_budget_holds_under_random_interleavings(seed: int) -> None:
         for gateway in gateways:
             assert gateway.session is not None
             gateway.apply_pending(state)
-            state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
     allocation = state.allocation
     assert sum(allocation.tenant_limits.values()) == POOL.budget_slots
     targets = sum(lim.target_slots for g in allocation.gateways.values() for lim in g.values())
@@ -145,7 +146,7 @@ def test_backlogged_tenant_gains_slots_from_an_idle_one_within_one_decision() ->
     gateway.queued["B"] = 200
     gateway.admit()
     assert gateway.session is not None
-    state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
     record = loop.decide_once()
     assert record.outcome is DecisionOutcome.PUBLISHED
     assert record.outputs == {"A": 4, "B": 92}
@@ -170,11 +171,11 @@ def test_disconnected_gateway_keeps_its_slots_until_its_lease_runs_out() -> None
     leaver.queued["B"] = 48
     leaver.admit()
     assert leaver.session is not None and stayer.session is not None
-    state.record_demand(leaver.session, leaver.applied_version, leaver.usage())
+    state.record_demand(leaver.session, leaver.applied_version, leaver.demand())
     state.disconnect_gateway(leaver.session)
     stayer.queued["B"] = 500
     stayer.admit()
-    state.record_demand(stayer.session, stayer.applied_version, stayer.usage())
+    state.record_demand(stayer.session, stayer.applied_version, stayer.demand())
     loop.decide_once()
     stayer.apply_pending(state)
     held = sum(lim.limit_slots for lim in state.allocation.gateways["stayer"].values())
@@ -223,12 +224,12 @@ def test_fast_path_asks_for_a_decision_when_a_lender_queues() -> None:
     gateway.apply_pending(state)
     assert gateway.session is not None
     gateway.queued["B"] = 300
-    state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
     assert not state.decision_wanted.is_set(), "B queues at its nominal share: no hurry"
     loop.decide_once()
     assert state.allocation.tenant_limits["A"] < 48, "A lends while it idles"
     gateway.queued["A"] = 10
-    state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
     assert state.decision_wanted.is_set()
     assert "A's queue grew" in state.fast_path_reason
     record = loop.decide_once(trigger=state.fast_path_reason)
@@ -310,7 +311,7 @@ def test_a_restarted_control_plane_grants_nothing_above_what_gateways_enforce_fo
     first.apply_pending(state)
     late.apply_pending(state)
     assert first.session is not None and late.session is not None
-    state.record_demand(first.session, first.applied_version, first.usage())
+    state.record_demand(first.session, first.applied_version, first.demand())
     loop.decide_once()
     first.apply_pending(state)
     late.apply_pending(state)
@@ -329,7 +330,7 @@ def test_each_period_resplits_by_where_the_demand_is() -> None:
     busy.connect(state)
     busy.queued = {"A": 48, "B": 48}
     assert busy.session is not None
-    state.record_demand(busy.session, busy.applied_version, busy.usage())
+    state.record_demand(busy.session, busy.applied_version, busy.demand())
     loop.decide_once()
     busy.apply_pending(state)
     busy.apply_pending(state)
@@ -338,8 +339,8 @@ def test_each_period_resplits_by_where_the_demand_is() -> None:
     starved.apply_pending(state)
     assert starved.session is not None
     starved.queued = {"A": 48, "B": 48}
-    state.record_demand(starved.session, starved.applied_version, starved.usage())
-    state.record_demand(busy.session, busy.applied_version, busy.usage())
+    state.record_demand(starved.session, starved.applied_version, starved.demand())
+    state.record_demand(busy.session, busy.applied_version, busy.demand())
     loop.decide_once()
     targets = state.allocation.gateways["starved"]
     assert targets["A"].target_slots > 0

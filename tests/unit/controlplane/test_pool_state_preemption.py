@@ -10,9 +10,10 @@ import pytest
 
 from controlplane.core.slo_policy import SloPolicy
 from controlplane.decision_loop import DecisionLoop
-from controlplane.pool_state import PoolState, TenantUsage
+from controlplane.pool_state import PoolState
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, PreemptionConfig, TenantConfig
+from slotshift.demand import TenantDemand
 from tests.unit.controlplane.test_pool_state import SimGateway
 
 POOL = PoolConfig(
@@ -48,7 +49,7 @@ class PausingGateway(SimGateway):
                 self.in_flight[tenant] = level
                 self.queued[tenant] += moved
                 self.paused_total += moved
-        state.record_ack(self.session, self.applied_version, self.usage())
+        state.record_ack(self.session, self.applied_version, self.demand())
         return True
 
 
@@ -70,7 +71,7 @@ def _settle(state: PoolState, gateways: list[PausingGateway]) -> None:
             assert gateway.session is not None
             gateway.apply_pending(state)
             gateway.admit()
-            state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
 
 
 def _borrowing(
@@ -99,7 +100,7 @@ def _borrow_then_burst(pool: PoolConfig) -> tuple[PausingGateway, int]:
     borrowed = gateway.in_flight["B"]
     gateway.queued["A"] = 30
     assert gateway.session is not None
-    state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+    state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
     loop.decide_once(trigger="fast path")
     _settle(state, [gateway])
     return gateway, borrowed
@@ -137,11 +138,11 @@ def test_waste_over_the_cap_stops_pausing() -> None:
     gateway = PausingGateway("gw", {"A": 48, "B": 48})
     gateway.connect(state)
     assert gateway.session is not None
-    usage = gateway.usage()
-    state.record_demand(gateway.session, 0, usage)
+    demand = gateway.demand()
+    state.record_demand(gateway.session, 0, demand)
     clock.advance(1.0)
-    wasteful = dict(usage)
-    wasteful["B"] = TenantUsage(output_tokens_total=1_000, waste_tokens_total=50)
+    wasteful = [d for d in demand if d.tenant != "B"]
+    wasteful.append(TenantDemand("B", output_tokens_total=1_000, waste_tokens_total=50))
     state.record_demand(gateway.session, 0, wasteful)
     assert state.waste_percent() == pytest.approx(5.0)
     assert state.waste_percent() > POOL.preemption.max_waste_percent
@@ -166,9 +167,9 @@ def test_a_reserve_is_not_lent_to_a_preemptible_tenant_while_waste_is_over_the_c
     assert state.allocation.tenant_limits["A"] < 24, "A idles: B (preemptible) borrows A's reserve"
     assert gateway.session is not None
     clock.advance(1.0)
-    usage = gateway.usage()
-    usage["B"] = TenantUsage(output_tokens_total=1_000, waste_tokens_total=50)
-    state.record_demand(gateway.session, gateway.applied_version, usage)
+    demand = [d for d in gateway.demand() if d.tenant != "B"]
+    demand.append(TenantDemand("B", output_tokens_total=1_000, waste_tokens_total=50))
+    state.record_demand(gateway.session, gateway.applied_version, demand)
     loop.decide_once()
     assert state.allocation.tenant_limits["A"] >= 24, "A's reserve (half its 48) is held back"
 
@@ -203,7 +204,7 @@ def _random_walk(seed: int) -> int:
             gateway.in_flight[tenant] -= rng.randint(0, gateway.in_flight[tenant])
             gateway.admit()
         elif action < 0.95:
-            state.record_demand(gateway.session, gateway.applied_version, gateway.usage())
+            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
         else:
             clock.advance(rng.choice([0.1, 2.0]))
             loop.decide_once()

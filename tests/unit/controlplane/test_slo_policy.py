@@ -8,9 +8,10 @@ import random
 import pytest
 
 from controlplane.core.slo_policy import SloPolicy, SloPolicyState
-from controlplane.core.snapshot import Latency, PoolSnapshot, TelemetryView, TenantLoad
+from controlplane.core.snapshot import PoolSnapshot, TelemetryView, TenantLoad
 from slotshift.apportion import nominal_shares
 from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
+from slotshift.demand import LatencySummary
 
 
 def _pool(**tenant_a: object) -> PoolConfig:
@@ -127,7 +128,7 @@ def test_tenant_over_its_slo_gets_more_of_the_lent_slots() -> None:
     def loads(p99_ms: float) -> dict[str, TenantLoad]:
         # B idles and lends; A and C both want more than their share.
         return {
-            "A": TenantLoad(in_flight=32, queued=60, ttft=Latency(count=50, p99_ms=p99_ms)),
+            "A": TenantLoad(in_flight=32, queued=60, ttft=LatencySummary(count=50, p99_ms=p99_ms)),
             "C": TenantLoad(in_flight=32, queued=60),
         }
 

@@ -1,10 +1,15 @@
-"""Wall-clock seconds to and from the wire's Timestamp."""
+"""The ground's shapes to and from the wire: wall-clock seconds and Timestamp, a tenant's
+demand and its latency summaries."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from slotshift.wire import from_timestamp, to_timestamp
+from slotshift.demand import LatencySummary, TenantDemand
+from slotshift.v1 import common_pb2
+from slotshift.wire import demand_from_proto, demand_to_proto, from_timestamp, to_timestamp
 
 
 @pytest.mark.parametrize(
@@ -24,3 +29,46 @@ def test_to_timestamp(wall_s: float, seconds: int, nanos: int) -> None:
 def test_from_timestamp_inverts_to_timestamp_to_the_microsecond() -> None:
     wall_s = 1_700_000_123.456789
     assert from_timestamp(to_timestamp(wall_s)) == pytest.approx(wall_s, abs=1e-6)
+
+
+def test_a_tenant_demand_has_the_wire_messages_fields_by_name() -> None:
+    """One concept, one name: the ground's shapes and the wire's messages have the same fields."""
+    for shape, message in (
+        (TenantDemand, common_pb2.TenantDemand),
+        (LatencySummary, common_pb2.LatencySummary),
+    ):
+        assert {f.name for f in dataclasses.fields(shape)} == set(message.DESCRIPTOR.fields_by_name)
+
+
+def test_a_tenant_demand_crosses_the_wire_unchanged() -> None:
+    demand = TenantDemand(
+        "A",
+        in_flight=3,
+        queued=2,
+        admitted_total=40,
+        completed_total=37,
+        rejected_total=1,
+        limit_slots=5,
+        ttft=LatencySummary(count=9, p50_ms=120.0, p90_ms=300.0, p99_ms=410.5),
+        e2e=LatencySummary(count=8, p50_ms=900.0, p90_ms=1500.0, p99_ms=2100.0),
+        queue_wait=LatencySummary(count=40, p50_ms=0.0, p90_ms=12.0, p99_ms=80.0),
+        paused=1,
+        output_tokens_total=1_000,
+        waste_tokens_total=25,
+        pauses_total=4,
+    )
+    assert demand_from_proto(demand_to_proto(demand)) == demand
+
+
+def test_negative_counts_from_a_peer_read_as_zero() -> None:
+    message = common_pb2.TenantDemand(
+        tenant="A",
+        in_flight=-1,
+        queued=-2,
+        admitted_total=-3,
+        limit_slots=-4,
+        paused=-5,
+        waste_tokens_total=-6,
+        ttft=common_pb2.LatencySummary(count=-1),
+    )
+    assert demand_from_proto(message) == TenantDemand("A")

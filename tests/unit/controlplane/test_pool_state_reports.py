@@ -1,0 +1,229 @@
+"""What the control plane does with the figures gateways send: the newest kept per gateway (old
+ones dropped), a report's applied version taken as an acknowledgement, the pool-wide totals and
+the demand's age shown where people look."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import cast
+
+import grpc
+import pytest
+
+from controlplane.core.demand_policy import DemandPolicy
+from controlplane.decision_loop import DecisionLoop
+from controlplane.pool_state import PoolState
+from controlplane.service import convert
+from controlplane.service.query_service import AllocationQueryService
+from slotshift.clock import ManualClock
+from slotshift.demand import TenantDemand
+from slotshift.v1 import query_pb2
+from tests.unit.controlplane.test_pool_state import POOL, SimGateway, _state
+
+
+def _queued_b(state: PoolState) -> int:
+    return state.snapshot().tenants["B"].queued
+
+
+def test_a_report_observed_before_the_figures_held_is_dropped() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    session = state.connect_gateway("gw", 0, [], observed_at_wall_s=clock.wall())
+    now = clock.wall()
+    assert state.record_demand(session, 0, [TenantDemand("B", queued=30)], observed_at_wall_s=now)
+    # Reordered: taken before the one held. It changes nothing.
+    older = [TenantDemand("B", queued=5)]
+    assert not state.record_demand(session, 0, older, observed_at_wall_s=now - 1.0)
+    assert _queued_b(state) == 30
+    # A duplicate of the newest brings nothing old back: taken again, the same figures.
+    assert state.record_demand(session, 0, [TenantDemand("B", queued=30)], observed_at_wall_s=now)
+    newer = [TenantDemand("B", queued=12)]
+    assert state.record_demand(session, 0, newer, observed_at_wall_s=now + 1.0)
+    assert _queued_b(state) == 12
+    # A gateway that does not say when it observed is never dropped.
+    assert state.record_demand(session, 0, [TenantDemand("B", queued=7)])
+    assert _queued_b(state) == 7
+
+
+def test_an_ack_with_old_figures_still_counts_its_version() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    gateway = SimGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    assert gateway.session is not None
+    now = clock.wall()
+    state.record_demand(gateway.session, 0, [TenantDemand("B", queued=30)], observed_at_wall_s=now)
+    delivery = gateway.session.mailbox.take_nowait()
+    assert delivery is not None
+    version = delivery.allocation.version
+    state.record_ack(
+        gateway.session, version, [TenantDemand("B", queued=1)], observed_at_wall_s=now - 1.0
+    )
+    assert state.applied_versions() == {"gw": version}
+    assert _queued_b(state) == 30, "the older figures were not taken"
+
+
+def _raise_waiting_for_a_lost_ack() -> tuple[PoolState, SimGateway, int]:
+    """A decision moves slots from idle A to backlogged B at one gateway: B's raise waits until
+    the gateway is known to enforce A's cut. The gateway applies it; its ack is lost."""
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    gateway = SimGateway("gw", {"A": 48, "B": 48})
+    gateway.connect(state)
+    gateway.apply_pending(state)
+    assert gateway.session is not None
+    gateway.queued["B"] = 200
+    gateway.admit()
+    state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+    loop.decide_once()
+    delivery = gateway.session.mailbox.take_nowait()
+    assert delivery is not None
+    limits = delivery.allocation.gateways["gw"]
+    assert limits["A"].limit_slots < 48, "A is cut at once"
+    assert limits["B"].limit_slots == 48 < limits["B"].target_slots, "B's raise waits"
+    gateway.limits = {t: lim.limit_slots for t, lim in limits.items()}
+    gateway.applied_version = delivery.allocation.version
+    return state, gateway, delivery.allocation.version
+
+
+def test_a_lost_ack_is_healed_by_the_next_report() -> None:
+    state, gateway, version = _raise_waiting_for_a_lost_ack()
+    assert gateway.session is not None
+    assert state.applied_versions() == {"gw": version - 1}
+    # The report says which version the gateway enforces: as good as the ack.
+    state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+    assert state.applied_versions() == {"gw": version}
+    b = state.allocation.gateways["gw"]["B"]
+    assert b.limit_slots == b.target_slots > 48, "B's raise is granted"
+
+
+def test_an_ack_after_the_report_that_healed_it_still_measures_the_push() -> None:
+    state, gateway, version = _raise_waiting_for_a_lost_ack()
+    assert gateway.session is not None
+    state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+    # Not lost after all, only late: it is counted once more, harmlessly, and timed.
+    latency = state.record_ack(gateway.session, version, gateway.demand())
+    assert latency == pytest.approx(0.0)
+    assert state.applied_versions()["gw"] >= version
+
+
+@dataclass
+class LossyGateway(SimGateway):
+    """A SimGateway whose acknowledgements are lost now and then; its reports still go."""
+
+    rng: random.Random = field(default_factory=random.Random)
+
+    def apply_pending(self, state: PoolState) -> bool:
+        assert self.session is not None
+        delivery = self.session.mailbox.take_nowait()
+        if delivery is None or delivery.allocation.version <= self.applied_version:
+            return False
+        allocation = delivery.allocation
+        self.limits = {
+            t: lim.limit_slots for t, lim in allocation.gateways[self.gateway_id].items()
+        }
+        self.applied_version = allocation.version
+        if self.rng.random() < 0.5:
+            state.record_ack(self.session, allocation.version, self.demand())
+        return True
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_budget_holds_and_limits_converge_when_acks_are_lost(seed: int) -> None:
+    rng = random.Random(seed)
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    gateways = [LossyGateway(f"gw{i}", {"A": 16, "B": 16}, rng=rng) for i in range(3)]
+    for gateway in gateways:
+        gateway.connect(state)
+    for _ in range(2_000):
+        gateway = rng.choice(gateways)
+        assert gateway.session is not None
+        action = rng.random()
+        if action < 0.3:
+            gateway.apply_pending(state)
+        elif action < 0.5:
+            tenant = rng.choice(["A", "B"])
+            gateway.queued[tenant] += rng.randint(0, 30)
+            gateway.admit()
+        elif action < 0.75:
+            tenant = rng.choice(["A", "B"])
+            gateway.in_flight[tenant] -= rng.randint(0, gateway.in_flight[tenant])
+            gateway.admit()
+        elif action < 0.95:
+            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+        else:
+            clock.advance(2.0)
+            loop.decide_once()
+        total = sum(sum(g.in_flight.values()) for g in gateways)
+        assert total <= POOL.budget_slots, f"{total} in flight over budget {POOL.budget_slots}"
+    for gateway in gateways:
+        gateway.in_flight = {"A": 0, "B": 0}
+        gateway.queued = {"A": 0, "B": 0}
+    # Reports alone (every ack may be lost) bring every gateway to its target.
+    for _ in range(6):
+        for gateway in gateways:
+            assert gateway.session is not None
+            gateway.apply_pending(state)
+            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+    allocation = state.allocation
+    for limits in allocation.gateways.values():
+        for lim in limits.values():
+            assert lim.limit_slots == lim.target_slots
+    assert state.applied_versions() == {g.gateway_id: allocation.version for g in gateways}
+
+
+def _two_reporting_gateways(clock: ManualClock) -> PoolState:
+    state = _state(clock)
+    now = clock.wall()
+    for gateway_id, observed, admitted in (("gw1", now - 5.0, 10), ("gw2", now - 2.0, 7)):
+        session = state.connect_gateway(gateway_id, 0, [])
+        state.record_demand(
+            session,
+            0,
+            [
+                TenantDemand(
+                    "B",
+                    queued=3,
+                    admitted_total=admitted,
+                    completed_total=admitted - 1,
+                    rejected_total=2,
+                )
+            ],
+            observed_at_wall_s=observed,
+        )
+    return state
+
+
+def test_the_snapshot_sums_the_totals_and_ages_the_demand_by_its_oldest_figures() -> None:
+    clock = ManualClock()
+    state = _two_reporting_gateways(clock)
+    b = state.snapshot().tenants["B"]
+    assert (b.queued, b.admitted_total, b.completed_total, b.rejected_total) == (6, 17, 15, 4)
+    assert b.demand_age_s == pytest.approx(5.0)
+    # A tenant no gateway reported with a time: its age is unknown.
+    assert state.snapshot().tenants["A"].demand_age_s is None
+
+
+def test_a_decision_shows_the_age_of_the_demand_it_saw() -> None:
+    clock = ManualClock()
+    state = _two_reporting_gateways(clock)
+    clock.advance(1.0)
+    record = DecisionLoop(state, DemandPolicy(), clock=clock).decide_once()
+    inputs = {i.tenant: i for i in convert.decision_to_proto(POOL, record).inputs}
+    assert inputs["B"].demand_age_s == pytest.approx(6.0)
+    assert inputs["A"].demand_age_s == -1.0, "negative: unknown"
+
+
+async def test_list_tenants_shows_the_pool_wide_totals() -> None:
+    clock = ManualClock()
+    state = _two_reporting_gateways(clock)
+    service = AllocationQueryService({"p": state})
+    context = cast("grpc.aio.ServicerContext[object, object]", None)  # unused: no pool to find
+    response = await service.ListTenants(query_pb2.ListTenantsRequest(), context)
+    b = next(t for t in response.tenants if t.allocation.tenant == "B")
+    assert (b.in_flight, b.queued) == (0, 6)
+    assert (b.admitted_total, b.completed_total, b.rejected_total) == (17, 15, 4)
