@@ -115,17 +115,13 @@ class _GatewayRecord:
 
     def take_figures(
         self, demand: Iterable[TenantDemand], observed_at_wall_s: float | None, known: set[str]
-    ) -> bool:
-        """Hold `demand` (of the `known` tenants) as this gateway's figures, unless they were
-        observed before the figures held: a reordered or duplicated message must not bring old
-        figures back. Figures without an observation time are always taken. Returns whether
-        they were."""
-        held = self.observed_at_wall_s
-        if observed_at_wall_s is not None and held is not None and observed_at_wall_s < held:
-            return False
+    ) -> None:
+        """Hold `demand` (of the `known` tenants) as this gateway's figures, observed at
+        `observed_at_wall_s`. Always the newest: one session is one gRPC stream, which delivers
+        in order, so an earlier stamp means the gateway's clock stepped back, not an old message
+        (dropping it would freeze the gateway's demand until its clock caught up)."""
         self.demand = {d.tenant: d for d in demand if d.tenant in known}
         self.observed_at_wall_s = observed_at_wall_s
-        return True
 
     def enforcing(self, version: int) -> None:
         """The gateway says it enforces `version` now (an acknowledgement, or a report's
@@ -239,18 +235,13 @@ class PoolState:
     ) -> bool:
         """A gateway's demand report: its figures, observed at `observed_at_wall_s` (its wall
         clock; None: unknown), while it enforces `applied_version`. Returns False, changing
-        nothing, when the session is not the gateway's live one or the report was observed
-        before the figures held (reordered or duplicated). Otherwise the figures replace the
+        nothing, when the session is not the gateway's live one. Otherwise the figures replace the
         gateway's (tenants the pool does not know dropped), `applied_version` counts as an
         acknowledgement of that version, and the grants are recomputed."""
         record = self._live(session)
         if record is None:
             return False
-        if not record.take_figures(demand, observed_at_wall_s, self.known_tenants()):
-            logger.debug(
-                "gateway %s: dropped a report observed before the figures held", record.gateway_id
-            )
-            return False
+        record.take_figures(demand, observed_at_wall_s, self.known_tenants())
         record.enforcing(applied_version)
         # Kept for the version itself: should its acknowledgement still come, the push latency
         # is measured.
@@ -288,8 +279,7 @@ class PoolState:
         *,
         observed_at_wall_s: float | None = None,
     ) -> float | None:
-        """The gateway enforces `version` now, with `demand` observed at `observed_at_wall_s`
-        (figures observed before those held are not taken; the version always is). Returns
+        """The gateway enforces `version` now, with `demand` observed at `observed_at_wall_s`. Returns
         seconds since that version was sent; None for a stale session or a version not pending."""
         record = self._live(session)
         if record is None:
