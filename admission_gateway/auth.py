@@ -49,11 +49,7 @@ class Authenticator:
     @classmethod
     def for_pool(cls, pool: PoolConfig) -> Authenticator:
         """The keys of every tenant of `pool`."""
-        return cls(
-            (reveal(key), tenant.name)
-            for tenant in pool.tenants
-            for key in tenant.api_keys
-        )
+        return cls((reveal(key), tenant.name) for tenant in pool.tenants for key in tenant.api_keys)
 
     def tenant_for(self, authorization: str | None) -> str:
         """The tenant named by an Authorization header's value; AuthenticationError otherwise."""
