@@ -19,11 +19,12 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from controlplane.core.allocation import Allocation, GatewayLimit
+import numpy as np
+from numpy.typing import NDArray
+
+from controlplane.core import placement
+from controlplane.core.allocation import NO_PAUSE, Allocation, CellLimits
 from controlplane.core.config_change import config_key_digests
-from controlplane.core.gateway_split import split_among_gateways, split_is_stale
-from controlplane.core.grants import Cell, compute_grants
-from controlplane.core.preemption import CellLoad, TenantTerms, pause_levels
 from controlplane.core.snapshot import PoolSnapshot, TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionLog
 from slotshift.apportion import nominal_shares
@@ -85,52 +86,140 @@ class GatewaySession:
     allocation names."""
 
 
-@dataclass
+Row = NDArray[np.int64]
+"""One gateway's figure for every tenant of the pool, in PoolState.tenants' order."""
+
+Row2 = NDArray[np.int64]
+"""Rows of several gateways: (gateways, tenants)."""
+
+
 class _GatewayRecord:
-    gateway_id: str
-    session: GatewaySession
-    connected: bool = True
-    applied_version: int = 0
-    demand: dict[str, TenantDemand] = field(default_factory=dict)
-    """tenant -> its demand here, from the newest figures the gateway sent (pool tenants only)."""
-    observed_at_wall_s: float | None = None
-    """When the gateway observed `demand` (its wall clock, from the message); None: unknown."""
-    acked_limits: dict[str, int] = field(default_factory=dict)
-    """Limits in force at the last acknowledgement (or the hello)."""
-    sent: dict[int, dict[str, int]] = field(default_factory=dict)
-    """version -> limits sent and not yet acknowledged."""
-    sent_at_s: dict[int, float] = field(default_factory=dict)
-    lease_expires_at_s: float | None = None
+    """One gateway as the control plane knows it: its figures as rows over the pool's tenants,
+    and the limits it enforces or may soon enforce."""
 
-    def demand_of(self, tenant: str) -> TenantDemand:
-        """`tenant`'s demand here; all zero when the gateway has not reported it."""
-        demand = self.demand.get(tenant)
-        return demand if demand is not None else TenantDemand(tenant)
+    __slots__ = (
+        "acked",
+        "applied_version",
+        "connected",
+        "demand",
+        "gateway_id",
+        "in_flight",
+        "lease_expires_at_s",
+        "observed_at_wall_s",
+        "output_tokens_total",
+        "pending",
+        "queued",
+        "sent",
+        "sent_at_s",
+        "session",
+        "waste_tokens_total",
+    )
 
-    def bound(self, tenant: str) -> int:
-        """Most this gateway may be holding of `tenant` (see controlplane/core/grants.py)."""
-        sent = max((limits.get(tenant, 0) for limits in self.sent.values()), default=0)
-        in_flight = self.demand_of(tenant).in_flight
-        return max(in_flight, self.acked_limits.get(tenant, 0), sent)
+    def __init__(self, gateway_id: str, session: GatewaySession, tenants: int) -> None:
+        self.gateway_id = gateway_id
+        self.session = session
+        self.connected = True
+        self.applied_version = 0
+        self.demand: dict[str, TenantDemand] = {}
+        """tenant -> its demand here, from the newest figures the gateway sent (pool tenants
+        only)."""
+        self.observed_at_wall_s: float | None = None
+        """When the gateway observed `demand` (its wall clock, from the message); None: unknown."""
+        self.in_flight: Row = _zeros(tenants)
+        self.queued: Row = _zeros(tenants)
+        self.acked: Row = _zeros(tenants)
+        """Limits in force at the last acknowledgement (or the hello)."""
+        self.sent: dict[int, Row] = {}
+        """version -> limits sent and not yet acknowledged."""
+        self.pending: Row = _zeros(tenants)
+        """The largest limit of each tenant among `sent`."""
+        self.sent_at_s: dict[int, float] = {}
+        self.lease_expires_at_s: float | None = None
+        self.output_tokens_total = 0
+        """Summed over its tenants' figures (the base of the pool's waste share)."""
+        self.waste_tokens_total = 0
+
+    def bounds(self) -> Row:
+        """Most this gateway may be holding of each tenant (see controlplane/core/grants.py)."""
+        return np.maximum(np.maximum(self.in_flight, self.acked), self.pending)
 
     def take_figures(
-        self, demand: Iterable[TenantDemand], observed_at_wall_s: float | None, known: set[str]
+        self,
+        demand: Iterable[TenantDemand],
+        observed_at_wall_s: float | None,
+        index: Mapping[str, int],
     ) -> None:
-        """Hold `demand` (of the `known` tenants) as this gateway's figures, observed at
+        """Hold `demand` (of the tenants in `index`) as this gateway's figures, observed at
         `observed_at_wall_s`. Always the newest: one session is one gRPC stream, which delivers
         in order, so an earlier stamp means the gateway's clock stepped back, not an old message
         (dropping it would freeze the gateway's demand until its clock caught up)."""
-        self.demand = {d.tenant: d for d in demand if d.tenant in known}
+        self.demand = {d.tenant: d for d in demand if d.tenant in index}
         self.observed_at_wall_s = observed_at_wall_s
+        self.in_flight = _zeros(len(index))
+        self.queued = _zeros(len(index))
+        output = waste = 0
+        for name, figures in self.demand.items():
+            column = index[name]
+            self.in_flight[column] = figures.in_flight
+            self.queued[column] = figures.queued
+            output += figures.output_tokens_total
+            waste += figures.waste_tokens_total
+        self.output_tokens_total = output
+        self.waste_tokens_total = waste
 
     def enforcing(self, version: int) -> None:
         """The gateway says it enforces `version` now (an acknowledgement, or a report's
         `applied_version`: so the next report heals a lost acknowledgement). Its limits then are
         those sent with `version`; versions up to it are no longer pending."""
         if version in self.sent:
-            self.acked_limits = self.sent[version]
-        self.sent = {v: lim for v, lim in self.sent.items() if v > version}
+            self.acked = self.sent[version]
+        if any(v <= version for v in self.sent):
+            self.sent = {v: limits for v, limits in self.sent.items() if v > version}
+            self.pending = _row_max(self.sent.values(), self.acked.size)
         self.applied_version = max(self.applied_version, version)
+
+    def send(self, version: int, limits: Row, now_s: float) -> None:
+        """`limits` go out to the gateway as `version`."""
+        self.sent[version] = limits
+        self.sent_at_s[version] = now_s
+        self.pending = np.maximum(self.pending, limits)
+
+    def reindex(self, old: tuple[str, ...], new: tuple[str, ...]) -> None:
+        """The pool's tenants changed from `old` to `new`: move every row to the new columns
+        (a tenant new here starts at 0)."""
+        source = _columns(old, new)
+        kept = source >= 0
+
+        def moved(row: Row) -> Row:
+            result = _zeros(len(new))
+            result[kept] = row[source[kept]]
+            return result
+
+        self.in_flight = moved(self.in_flight)
+        self.queued = moved(self.queued)
+        self.acked = moved(self.acked)
+        self.sent = {v: moved(limits) for v, limits in self.sent.items()}
+        self.pending = moved(self.pending)
+        names = set(new)
+        self.demand = {t: d for t, d in self.demand.items() if t in names}
+
+
+def _zeros(size: int) -> Row:
+    return np.zeros(size, dtype=np.int64)
+
+
+def _row_sum(rows: Iterable[Row], size: int) -> Row:
+    result = _zeros(size)
+    for row in rows:
+        result += row
+    return result
+
+
+def _row_max(rows: Iterable[Row], size: int) -> Row:
+    result = _zeros(size)
+    for row in rows:
+        np.maximum(result, row, out=result)
+    return result
 
 
 class PoolState:
@@ -161,6 +250,11 @@ class PoolState:
         self.telemetry: TelemetryRecord | None = None
         self._gateways: dict[str, _GatewayRecord] = {}
         self._tokens = itertools.count(1)
+        self._nominal = nominal_shares(pool)
+        """Each tenant's nominal share under the pool's config (computed once per config)."""
+        self.tenants: tuple[str, ...] = tuple(t.name for t in pool.tenants)
+        """The columns of every gateway's rows: the pool's tenants, then the draining ones."""
+        self._index = {name: column for column, name in enumerate(self.tenants)}
         self.allocation = Allocation(
             pool=pool.name,
             version=0,
@@ -168,8 +262,8 @@ class PoolState:
             policy=pool.policy,
             budget_slots=pool.budget_slots,
             created_at_wall_s=clock.wall(),
-            tenant_limits=nominal_shares(pool),
-            gateways={},
+            tenant_limits=dict(self._nominal),
+            cells=CellLimits.empty(self.tenants),
         )
         self._version = 0
         self._holding_until_s = clock.monotonic() + gateway_lease_ttl_s
@@ -179,7 +273,7 @@ class PoolState:
         self._limits_trace_context: Mapping[str, str] = {}
         """W3C context of the decision whose tenant limits are in force (empty: the nominal
         shares, before any decision changed them)."""
-        self._queued_before: dict[str, int] = {}
+        self._queued_before: Row = _zeros(len(self.tenants))
         self._waste_samples: deque[tuple[float, int, int]] = deque()
         """(monotonic s, pool output tokens, pool waste tokens) over the waste window."""
         self.decision_wanted = asyncio.Event()
@@ -209,14 +303,18 @@ class PoolState:
         previous = self._gateways.get(gateway_id)
         if previous is not None:
             previous.session.mailbox.close()
-        record = _GatewayRecord(gateway_id=gateway_id, session=session)
+        record = _GatewayRecord(gateway_id, session, len(self.tenants))
         record.applied_version = applied_version
-        record.take_figures(demand, observed_at_wall_s, self.known_tenants())
+        record.take_figures(demand, observed_at_wall_s, self._index)
         # What it enforces is what it says it enforces; limits sent to an earlier connection
         # and perhaps not yet applied still count.
-        record.acked_limits = {t: d.limit_slots for t, d in record.demand.items()}
+        for name, figures in record.demand.items():
+            record.acked[self._index[name]] = figures.limit_slots
         if previous is not None:
-            record.sent = {v: lim for v, lim in previous.sent.items() if v > applied_version}
+            for version, limits in previous.sent.items():
+                if version > applied_version:
+                    record.send(version, limits, previous.sent_at_s.get(version, 0.0))
+            record.sent_at_s = {}
         # A restarted control plane continues above any version a gateway has seen, so that the
         # gateway does not ignore its updates as stale.
         self._version = max(self._version, applied_version)
@@ -241,7 +339,7 @@ class PoolState:
         record = self._live(session)
         if record is None:
             return False
-        record.take_figures(demand, observed_at_wall_s, self.known_tenants())
+        record.take_figures(demand, observed_at_wall_s, self._index)
         record.enforcing(applied_version)
         # Kept for the version itself: should its acknowledgement still come, the push latency
         # is measured.
@@ -256,16 +354,14 @@ class PoolState:
         nominal share: waiting for the next period would leave it queueing behind lent slots."""
         if not self.pool.fast_path:
             return
-        queued = {
-            t.name: sum(g.demand_of(t.name).queued for g in self._gateways.values())
-            for t in self.pool.tenants
-        }
-        nominal = nominal_shares(self.pool)
-        for tenant, count in queued.items():
-            grew = count > self._queued_before.get(tenant, 0)
-            if grew and self.allocation.tenant_limits[tenant] < nominal[tenant]:
+        queued = _row_sum((g.queued for g in self._gateways.values()), len(self.tenants))
+        for column in np.flatnonzero(queued > self._queued_before):
+            tenant = self.tenants[column]
+            if tenant not in self._nominal:
+                continue  # draining: removed from the pool
+            if self.allocation.tenant_limits[tenant] < self._nominal[tenant]:
                 self.fast_path_reason = (
-                    f"fast path: {tenant}'s queue grew to {count} below its nominal share"
+                    f"fast path: {tenant}'s queue grew to {queued[column]} below its nominal share"
                 )
                 self.decision_wanted.set()
                 break
@@ -288,7 +384,7 @@ class PoolState:
         latency = None if sent_at is None else self._clock.monotonic() - sent_at
         record.enforcing(version)
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
-        record.take_figures(demand, observed_at_wall_s, self.known_tenants())
+        record.take_figures(demand, observed_at_wall_s, self._index)
         self.reconcile()
         return latency
 
@@ -345,7 +441,7 @@ class PoolState:
 
     def known_tenants(self) -> set[str]:
         """Tenants whose usage counts: the pool's, and removed ones still draining."""
-        return {t.name for t in self.pool.tenants} | self._draining
+        return set(self.tenants)
 
     def directory(self) -> TenantDirectory:
         """The tenants the gateways must authenticate now, with their key digests."""
@@ -368,13 +464,14 @@ class PoolState:
         names = {t.name for t in pool.tenants}
         self._draining = (self._draining | {t.name for t in self.pool.tenants}) - names
         self.pool = pool
+        self._nominal = nominal_shares(pool)
+        self._set_tenants(tuple(t.name for t in pool.tenants) + tuple(sorted(self._draining)))
         self.key_digests = {t: tuple(key_digests.get(t, ())) for t in names}
         self.config_version += 1
         # Policy memory is per tenant and per policy; it starts again under the new config.
         self.policy_state = None
-        self._queued_before = {t: n for t, n in self._queued_before.items() if t in names}
         self.allocation = dataclasses.replace(
-            self.allocation, tenant_limits=nominal_shares(pool), policy=pool.policy
+            self.allocation, tenant_limits=dict(self._nominal), policy=pool.policy
         )
         directory = self.directory()
         for record in self._gateways.values():
@@ -382,6 +479,19 @@ class PoolState:
                 record.session.directory = directory
         self.reconcile(resplit=True, force_publish=True)
         return self.config_version
+
+    def _set_tenants(self, tenants: tuple[str, ...]) -> None:
+        """The columns of every row become `tenants` (the pool's, then the draining ones)."""
+        if tenants == self.tenants:
+            return
+        for record in self._gateways.values():
+            record.reindex(self.tenants, tenants)
+        source = _columns(self.tenants, tenants)
+        queued_before = _zeros(len(tenants))
+        queued_before[source >= 0] = self._queued_before[source[source >= 0]]
+        self._queued_before = queued_before
+        self.tenants = tenants
+        self._index = {name: column for column, name in enumerate(tenants)}
 
     # Telemetry ----------------------------------------------------------------------------
 
@@ -398,16 +508,20 @@ class PoolState:
     def snapshot(self) -> PoolSnapshot:
         """What a policy sees now: tenant load summed over the gateways that may hold slots, with
         the age of the oldest figures in each sum."""
-        loads: dict[str, TenantLoad] = {}
         now_wall_s = self._clock.wall()
-        for tenant in self.pool.tenants:
-            demands = [g.demand_of(tenant.name) for g in self._gateways.values()]
-            observed = [
-                g.observed_at_wall_s
-                for g in self._gateways.values()
-                if tenant.name in g.demand and g.observed_at_wall_s is not None
-            ]
-            loads[tenant.name] = TenantLoad(
+        reported: dict[str, list[TenantDemand]] = {t.name: [] for t in self.pool.tenants}
+        oldest: dict[str, float] = {}
+        for record in self._gateways.values():
+            observed = record.observed_at_wall_s
+            for name, figures in record.demand.items():
+                if name not in reported:
+                    continue  # draining
+                reported[name].append(figures)
+                if observed is not None and observed < oldest.get(name, observed + 1.0):
+                    oldest[name] = observed
+        loads: dict[str, TenantLoad] = {}
+        for name, demands in reported.items():
+            loads[name] = TenantLoad(
                 in_flight=sum(d.in_flight for d in demands),
                 queued=sum(d.queued for d in demands),
                 ttft=_merge([d.ttft for d in demands]),
@@ -416,7 +530,7 @@ class PoolState:
                 completed_total=sum(d.completed_total for d in demands),
                 rejected_total=sum(d.rejected_total for d in demands),
                 # Two hosts' clocks: an age below 0 is skew, not news from the future.
-                demand_age_s=max(0.0, now_wall_s - min(observed)) if observed else None,
+                demand_age_s=max(0.0, now_wall_s - oldest[name]) if name in oldest else None,
             )
         return PoolSnapshot(
             now_s=self._clock.monotonic(),
@@ -474,107 +588,90 @@ class PoolState:
         are in force (re-grants as gateways drain carry on that decision's work).
         """
         current = self.allocation
-        connected = {g.gateway_id: g for g in self._gateways.values() if g.connected}
-        demand = {
-            gid: {t: (d.in_flight, d.queued) for t, d in g.demand.items()}
-            for gid, g in connected.items()
-        }
-        targets = {
-            gid: {t: lim.target_slots for t, lim in current.gateways.get(gid, {}).items()}
-            for gid in connected
-        }
-        if resplit or set(current.gateways) != set(connected) or split_is_stale(targets, demand):
-            targets = split_among_gateways(current.tenant_limits, demand)
-        tenants = [t.name for t in self.pool.tenants] + sorted(self._draining)
-        cells = {
-            (gid, tenant): Cell(
-                target=targets.get(gid, {}).get(tenant, 0),
-                granted=_granted(current, gid, tenant),
-                bound=record.bound(tenant),
-            )
-            for gid, record in self._gateways.items()
-            for tenant in tenants
-        }
+        tenants = self.tenants
+        ids = sorted(self._gateways)
+        records = [self._gateways[g] for g in ids]
+        live = np.array([r.connected for r in records], dtype=bool)
+        connected = tuple(g for g, r in zip(ids, records, strict=True) if r.connected)
+        in_flight = _rows([r.in_flight for r in records], len(tenants))
+        demand = in_flight + _rows([r.queued for r in records], len(tenants))
+        bounds = _rows([r.bounds() for r in records], len(tenants))
+        previous = current.cells
+        same_cells = previous.gateway_ids == connected and previous.tenants == tenants
+        if resplit or not same_cells or placement.split_is_stale(previous.targets, demand[live]):
+            limits = np.array([current.tenant_limits.get(t, 0) for t in tenants], dtype=np.int64)
+            live_targets = placement.split_targets(limits, demand[live])
+        else:
+            live_targets = np.array(previous.targets, dtype=np.int64)
+        targets = np.zeros_like(bounds)
+        targets[live] = live_targets
+        granted = np.zeros_like(bounds)
+        columns = _columns(previous.tenants, tenants)
+        kept = columns >= 0
+        for row, gateway_id in enumerate(ids):
+            before = previous.row(gateway_id)
+            if before is not None:
+                granted[row, kept] = previous.limits[before, columns[kept]]
         if self._clock.monotonic() < self._holding_until_s:
-            cells = {
-                (gid, tenant): dataclasses.replace(
-                    cell, target=min(cell.target, self._gateways[gid].acked_limits.get(tenant, 0))
-                )
-                for (gid, tenant), cell in cells.items()
-            }
-        grants = compute_grants(self.pool.budget_slots, cells)
-        pauses = self._pause_levels(connected, grants)
-        gateways = {
-            gid: {
-                t: GatewayLimit(
-                    targets.get(gid, {}).get(t, 0), grants[(gid, t)], pauses.get((gid, t))
-                )
-                for t in tenants
-            }
-            for gid in connected
-        }
-        self._draining = {
-            t for t in self._draining if any(g.bound(t) > 0 for g in self._gateways.values())
-        }
-        candidate = dataclasses.replace(current, gateways=gateways)
+            targets = np.minimum(targets, _rows([r.acked for r in records], len(tenants)))
+        grants = placement.grant(self.pool.budget_slots, targets, granted, bounds)
+        pauses = self._pause_levels(in_flight[live], grants[live])
+        candidate_cells = CellLimits.of(connected, tenants, targets[live], grants[live], pauses)
+        candidate = dataclasses.replace(current, cells=candidate_cells)
+        published: Allocation | None = None
         if candidate.same_limits(current) and not force_publish:
             self.allocation = candidate
-            return None
-        self._version += 1
-        published = dataclasses.replace(
-            candidate, version=self._version, created_at_wall_s=self._clock.wall()
-        )
-        self.allocation = published
-        now = self._clock.monotonic()
-        delivery = Delivery(
-            published,
-            cause=dict(trace_context) if trace_context else self._limits_trace_context,
-            decision=self._limits_trace_context,
-        )
-        for gid, record in connected.items():
-            record.sent[published.version] = {
-                t: lim.limit_slots for t, lim in gateways[gid].items()
-            }
-            record.sent_at_s[published.version] = now
-            record.session.mailbox.put(delivery)
+        else:
+            self._version += 1
+            published = dataclasses.replace(
+                candidate, version=self._version, created_at_wall_s=self._clock.wall()
+            )
+            self.allocation = published
+            now = self._clock.monotonic()
+            delivery = Delivery(
+                published,
+                cause=dict(trace_context) if trace_context else self._limits_trace_context,
+                decision=self._limits_trace_context,
+            )
+            for row, gateway_id in enumerate(connected):
+                record = self._gateways[gateway_id]
+                record.send(published.version, candidate_cells.limits[row], now)
+                record.session.mailbox.put(delivery)
+        # A removed tenant stops being counted once no gateway may hold any of it (its column
+        # goes after this allocation, which still names it).
+        drained = {name for name in self._draining if not bounds[:, self._index[name]].any()}
+        if drained:
+            self._draining -= drained
+            self._set_tenants(
+                tuple(t.name for t in self.pool.tenants) + tuple(sorted(self._draining))
+            )
         return published
 
-    def _pause_levels(
-        self, connected: Mapping[str, _GatewayRecord], grants: Mapping[tuple[str, str], int]
-    ) -> dict[tuple[str, str], int]:
-        """Where preemptible tenants must pause work above their limits (core/preemption.py),
-        unless preemption is off or the pool's recent waste is over its cap."""
+    def _pause_levels(self, in_flight: NDArray[np.int64], grants: NDArray[np.int64]) -> Row2:
+        """Where preemptible tenants must pause work above their limits (core/placement.py),
+        unless preemption is off or the pool's recent waste is over its cap; NO_PAUSE elsewhere.
+        Rows are the connected gateways'."""
+        levels = np.full(in_flight.shape, NO_PAUSE, dtype=np.int64)
         settings = self.pool.preemption
         if not settings.enabled or self.waste_percent() > settings.max_waste_percent:
-            return {}
-        preemptible = [t for t in self.pool.tenants if t.preemptible]
+            return levels
+        preemptible = {t.name for t in self.pool.tenants if t.preemptible}
         if not preemptible:
-            return {}
-        nominal = nominal_shares(self.pool)
-        terms = {
-            t.name: TenantTerms(
-                preemptible=t.preemptible,
-                nominal_slots=nominal[t.name],
-                limit_slots=self.allocation.tenant_limits.get(t.name, 0),
-            )
-            for t in self.pool.tenants
-        }
-        loads: dict[tuple[str, str], CellLoad] = {}
-        for gid, record in connected.items():
-            for tenant in terms:
-                loads[(gid, tenant)] = CellLoad(
-                    in_flight=record.demand_of(tenant).in_flight, grant=grants.get((gid, tenant), 0)
-                )
-        return pause_levels(terms, loads)
+            return levels
+        terms = placement.PauseTerms(
+            preemptible=np.array([t in preemptible for t in self.tenants], dtype=bool),
+            nominal=np.array([self._nominal.get(t, 0) for t in self.tenants], dtype=np.int64),
+            limits=np.array(
+                [self.allocation.tenant_limits.get(t, 0) for t in self.tenants], dtype=np.int64
+            ),
+        )
+        return placement.pause_levels(terms, in_flight, grants)
 
     def _observe_waste(self) -> None:
         """Remember the pool's output and waste counters now, for the waste window."""
         now = self._clock.monotonic()
-        output = waste = 0
-        for record in self._gateways.values():
-            for demand in record.demand.values():
-                output += demand.output_tokens_total
-                waste += demand.waste_tokens_total
+        output = sum(g.output_tokens_total for g in self._gateways.values())
+        waste = sum(g.waste_tokens_total for g in self._gateways.values())
         samples = self._waste_samples
         samples.append((now, output, waste))
         horizon = now - self.pool.preemption.waste_window_s
@@ -608,9 +705,19 @@ class PoolState:
         return 100.0 * waste / output
 
 
-def _granted(allocation: Allocation, gateway_id: str, tenant: str) -> int:
-    limits = allocation.gateways.get(gateway_id, {})
-    return limits[tenant].limit_slots if tenant in limits else 0
+def _columns(old: tuple[str, ...], new: tuple[str, ...]) -> Row:
+    """For each tenant of `new`, its column in `old` (-1: none)."""
+    if old == new:
+        return np.arange(len(new), dtype=np.int64)
+    where = {name: column for column, name in enumerate(old)}
+    return np.array([where.get(name, -1) for name in new], dtype=np.int64)
+
+
+def _rows(rows: list[Row], tenants: int) -> Row2:
+    """Rows stacked into a (gateways, tenants) array."""
+    if not rows:
+        return np.zeros((0, tenants), dtype=np.int64)
+    return np.stack(rows)
 
 
 def _merge(latencies: list[LatencySummary]) -> LatencySummary:

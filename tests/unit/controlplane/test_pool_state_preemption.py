@@ -6,8 +6,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
+from controlplane.core.allocation import NO_PAUSE
 from controlplane.core.slo_policy import SloPolicy
 from controlplane.decision_loop import DecisionLoop
 from controlplane.pool_state import PoolState
@@ -146,7 +148,13 @@ def test_waste_over_the_cap_stops_pausing() -> None:
     state.record_demand(gateway.session, 0, wasteful)
     assert state.waste_percent() == pytest.approx(5.0)
     assert state.waste_percent() > POOL.preemption.max_waste_percent
-    assert state._pause_levels({}, {}) == {}
+    # B runs 40 at a gateway that grants it 10: over the cap, none of it is paused.
+    b = state.tenants.index("B")
+    running = np.zeros((1, len(state.tenants)), dtype=np.int64)
+    running[0, b] = 40
+    granted = np.zeros_like(running)
+    granted[0, b] = 10
+    assert (state._pause_levels(running, granted) == NO_PAUSE).all()
     # Nothing is paused, so the policies see no preemptible tenant: a lender's reserve is not
     # lent to B while it could come back only as B's requests end.
     assert state.policy_pool.preemption.enabled is False
