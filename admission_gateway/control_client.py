@@ -40,6 +40,7 @@ from opentelemetry.context import Context
 from admission_gateway.gateway_state import GatewayState, TenantLimit
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock
+from slotshift.demand import TenantDemand
 from slotshift.reconnect import STREAM_GONE, ReconnectingStream, StreamState
 from slotshift.tls import ChannelSecurity, open_channel
 from slotshift.trace_context import (
@@ -78,6 +79,7 @@ class ControlClient:
         report_interval_s: float,
         queue_report_min_interval_s: float,
         reconnect_initial_s: float,
+        full_report_interval_s: float = 5.0,
         reconnect_max_s: float,
         clock: Clock,
         rng: random.Random | None = None,
@@ -92,6 +94,9 @@ class ControlClient:
         self._gateway_id = gateway_id
         self._report_interval_s = report_interval_s
         self._queue_report_min_interval_s = min(queue_report_min_interval_s, report_interval_s)
+        self._full_report_interval_s = full_report_interval_s
+        self._figures: _FiguresSent | None = None
+        """What the control plane holds of this gateway's figures on the open stream."""
         self._clock = clock
         self._link = ReconnectingStream(
             self._session,
@@ -205,7 +210,9 @@ class ControlClient:
                 if DECISION_TRACEPARENT in carrier
                 else {}
             )
-            applied = self._state.apply_allocation(update.version, limits, decision=decision)
+            applied = self._state.apply_allocation(
+                update.version, limits, decision=decision, delta=update.delta
+            )
             span.set_attribute("slotshift.allocation.applied", applied)
             if not applied:
                 logger.debug(
@@ -214,7 +221,11 @@ class ControlClient:
                     self._state.applied_version,
                 )
                 return
-            for tenant in self._state.tenants.values():
+            # The tenants this update names: a delta leaves the others as they were.
+            named = [
+                self._state.tenants[t.tenant] for t in limits if t.tenant in self._state.tenants
+            ]
+            for tenant in named:
                 span.set_attribute(
                     f"slotshift.allocation.{tenant.name}.limit_slots", tenant.admission.limit_slots
                 )
@@ -223,16 +234,19 @@ class ControlClient:
                 )
             # The ack is built right after the resize, with nothing awaited in between, so the
             # usage it carries is the usage under the new limits.
+            figures, delta = self._changed_figures()
             ack = gateway_pb2.AllocationAck(
                 pool=self._state.pool_name,
                 gateway_id=self._gateway_id,
                 version=update.version,
                 observed_at=to_timestamp(self._clock.wall()),
-                tenants=_tenant_demands(self._state),
+                tenants=figures,
+                delta=delta,
             )
             logger.info(
-                "applied allocation %d: %s",
+                "applied allocation %d%s: %s",
                 update.version,
+                " (changes)" if update.delta else "",
                 ", ".join(
                     f"{t.name}={t.admission.limit_slots}"
                     + (
@@ -241,7 +255,7 @@ class ControlClient:
                         else f" (pause above {t.admission.pause_above_slots},"
                         f" {t.admission.in_flight} running)"
                     )
-                    for t in self._state.tenants.values()
+                    for t in named
                 ),
             )
             await self._write(call, writes, gateway_pb2.GatewayMessage(ack=ack))
@@ -271,12 +285,14 @@ class ControlClient:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(queue_started.wait(), wait_s)
                 queue_started.clear()
+                figures, delta = self._changed_figures()
                 report = gateway_pb2.DemandReport(
                     pool=self._state.pool_name,
                     gateway_id=self._gateway_id,
                     applied_version=self._state.applied_version,
                     observed_at=to_timestamp(self._clock.wall()),
-                    tenants=_tenant_demands(self._state),
+                    tenants=figures,
+                    delta=delta,
                 )
                 await self._write(call, writes, gateway_pb2.GatewayMessage(demand=report))
         except STREAM_GONE:
@@ -284,13 +300,22 @@ class ControlClient:
             return
 
     def _hello(self) -> gateway_pb2.GatewayHello:
+        # A new stream: the control plane holds nothing of ours on it yet.
+        self._figures = _FiguresSent(self._clock, self._full_report_interval_s)
+        figures, _ = self._figures.next(self._state.demand(), whole=True)
         return gateway_pb2.GatewayHello(
             pool=self._state.pool_name,
             gateway_id=self._gateway_id,
             applied_version=self._state.applied_version,
             observed_at=to_timestamp(self._clock.wall()),
-            tenants=_tenant_demands(self._state),
+            tenants=figures,
         )
+
+    def _changed_figures(self) -> tuple[list[common_pb2.TenantDemand], bool]:
+        """The figures for a report or an ack, and whether they are a delta."""
+        if self._figures is None:
+            self._figures = _FiguresSent(self._clock, self._full_report_interval_s)
+        return self._figures.next(self._state.demand(), whole=False)
 
     @staticmethod
     async def _write(
@@ -314,5 +339,27 @@ class ControlClient:
         return ""
 
 
-def _tenant_demands(state: GatewayState) -> list[common_pb2.TenantDemand]:
-    return [demand_to_proto(demand) for demand in state.demand()]
+class _FiguresSent:
+    """The figures the control plane holds of this gateway on one stream, so that a report or
+    an ack carries only what changed (DemandReport.delta), and every tenant's figures at least
+    every `full_interval_s`."""
+
+    def __init__(self, clock: Clock, full_interval_s: float) -> None:
+        self._clock = clock
+        self._full_interval_s = full_interval_s
+        self._held: dict[str, TenantDemand] = {}
+        self._whole_due_s = 0.0
+
+    def next(
+        self, demand: list[TenantDemand], *, whole: bool
+    ) -> tuple[list[common_pb2.TenantDemand], bool]:
+        """What to send of `demand` now, and whether it is a delta (only the changed figures)."""
+        now = self._clock.monotonic()
+        if whole or now >= self._whole_due_s:
+            self._held = {d.tenant: d for d in demand}
+            self._whole_due_s = now + self._full_interval_s
+            return [demand_to_proto(d) for d in demand], False
+        changed = [d for d in demand if self._held.get(d.tenant) != d]
+        for figures in changed:
+            self._held[figures.tenant] = figures
+        return [demand_to_proto(d) for d in changed], True

@@ -180,6 +180,7 @@ class AdmissionGateway:
             gateway_id=self._gateway_id,
             report_interval_s=self._settings.report_interval_s,
             queue_report_min_interval_s=self._settings.queue_report_min_interval_s,
+            full_report_interval_s=self._settings.full_report_interval_s,
             reconnect_initial_s=self._settings.reconnect_initial_s,
             reconnect_max_s=self._settings.reconnect_max_s,
             clock=self._clock,

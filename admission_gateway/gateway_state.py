@@ -193,12 +193,15 @@ class GatewayState:
         limits: Iterable[TenantLimit],
         *,
         decision: SpanContext | None = None,
+        delta: bool = False,
     ) -> bool:
         """Enforce the limits of allocation `version`; False (and no change) if it is not newer.
 
-        A tenant the allocation does not name gets 0 slots: the control plane gave its share to
-        others. Limits for tenants this gateway does not know are ignored with a warning.
-        `decision` is the span of the decision the allocation comes from, if it was traced.
+        A whole update (`delta` false) names every tenant: one it does not name gets 0 slots,
+        the control plane gave its share to others. A delta names only the tenants whose limits
+        changed; the others keep theirs. Limits for tenants this gateway does not know are
+        ignored with a warning. `decision` is the span of the decision the allocation comes
+        from, if it was traced.
         """
         if version <= self._applied_version:
             return False
@@ -214,7 +217,10 @@ class GatewayState:
                 continue
             by_tenant[limit.tenant] = limit
         for name, tenant in self._tenants.items():
-            limit = by_tenant.get(name, TenantLimit(name, target_slots=0, limit_slots=0))
+            named = by_tenant.get(name)
+            if named is None and delta:
+                continue
+            limit = named or TenantLimit(name, target_slots=0, limit_slots=0)
             tenant.admission.resize(max(0, limit.limit_slots))
             pause_above = limit.pause_above_slots
             tenant.admission.set_pause_above(

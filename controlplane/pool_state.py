@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -148,24 +148,35 @@ class _GatewayRecord:
         demand: Iterable[TenantDemand],
         observed_at_wall_s: float | None,
         index: Mapping[str, int],
+        *,
+        delta: bool = False,
     ) -> None:
         """Hold `demand` (of the tenants in `index`) as this gateway's figures, observed at
-        `observed_at_wall_s`. Always the newest: one session is one gRPC stream, which delivers
-        in order, so an earlier stamp means the gateway's clock stepped back, not an old message
-        (dropping it would freeze the gateway's demand until its clock caught up)."""
-        self.demand = {d.tenant: d for d in demand if d.tenant in index}
-        self.observed_at_wall_s = observed_at_wall_s
-        self.in_flight = _zeros(len(index))
-        self.queued = _zeros(len(index))
-        output = waste = 0
-        for name, figures in self.demand.items():
-            column = index[name]
+        `observed_at_wall_s`: all of them (a tenant not named has none), or with `delta` only the
+        named tenants' (the others stand). Always the newest: one session is one gRPC stream,
+        which delivers in order, so an earlier stamp means the gateway's clock stepped back, not
+        an old message (dropping it would freeze the gateway's demand until its clock caught
+        up). Costs about the number of tenants named."""
+        if not delta:
+            self.demand = {}
+            self.in_flight = _zeros(len(index))
+            self.queued = _zeros(len(index))
+            self.output_tokens_total = self.waste_tokens_total = 0
+        held = self.demand
+        for figures in demand:
+            column = index.get(figures.tenant)
+            if column is None:
+                continue
+            before = held.get(figures.tenant)
+            if before is not None:
+                self.output_tokens_total -= before.output_tokens_total
+                self.waste_tokens_total -= before.waste_tokens_total
+            held[figures.tenant] = figures
             self.in_flight[column] = figures.in_flight
             self.queued[column] = figures.queued
-            output += figures.output_tokens_total
-            waste += figures.waste_tokens_total
-        self.output_tokens_total = output
-        self.waste_tokens_total = waste
+            self.output_tokens_total += figures.output_tokens_total
+            self.waste_tokens_total += figures.waste_tokens_total
+        self.observed_at_wall_s = observed_at_wall_s
 
     def enforcing(self, version: int) -> None:
         """The gateway says it enforces `version` now (an acknowledgement, or a report's
@@ -280,6 +291,10 @@ class PoolState:
         """Set when something calls for a decision before the next period (the fast path)."""
         self.fast_path_reason = ""
         """Why the fast path last asked for a decision."""
+        self.reconcile_soon: Callable[[], None] | None = None
+        """Set by a runtime that paces re-grants (controlplane/runtime.py): reports and acks then
+        ask it for a reconcile instead of running one each, so that a burst of messages costs one
+        whole-pool pass; None (a test, a library user): every message reconciles at once."""
 
     # Gateways -----------------------------------------------------------------------------
 
@@ -330,23 +345,25 @@ class PoolState:
         demand: Iterable[TenantDemand],
         *,
         observed_at_wall_s: float | None = None,
+        delta: bool = False,
     ) -> bool:
         """A gateway's demand report: its figures, observed at `observed_at_wall_s` (its wall
         clock; None: unknown), while it enforces `applied_version`. Returns False, changing
         nothing, when the session is not the gateway's live one. Otherwise the figures replace the
-        gateway's (tenants the pool does not know dropped), `applied_version` counts as an
-        acknowledgement of that version, and the grants are recomputed."""
+        gateway's (with `delta`, only those of the tenants named; tenants the pool does not know
+        dropped), `applied_version` counts as an acknowledgement of that version, and the grants
+        are recomputed (at once, or soon: see `reconcile_soon`)."""
         record = self._live(session)
         if record is None:
             return False
-        record.take_figures(demand, observed_at_wall_s, self._index)
+        record.take_figures(demand, observed_at_wall_s, self._index, delta=delta)
         record.enforcing(applied_version)
         # Kept for the version itself: should its acknowledgement still come, the push latency
         # is measured.
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v >= applied_version}
         self._observe_waste()
         self._check_fast_path()
-        self.reconcile()
+        self._changed()
         return True
 
     def _check_fast_path(self) -> None:
@@ -374,6 +391,7 @@ class PoolState:
         demand: Iterable[TenantDemand],
         *,
         observed_at_wall_s: float | None = None,
+        delta: bool = False,
     ) -> float | None:
         """The gateway enforces `version` now, with `demand` observed at `observed_at_wall_s`. Returns
         seconds since that version was sent; None for a stale session or a version not pending."""
@@ -384,9 +402,22 @@ class PoolState:
         latency = None if sent_at is None else self._clock.monotonic() - sent_at
         record.enforcing(version)
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
-        record.take_figures(demand, observed_at_wall_s, self._index)
-        self.reconcile()
+        record.take_figures(demand, observed_at_wall_s, self._index, delta=delta)
+        self._changed()
         return latency
+
+    def _changed(self) -> None:
+        """A gateway's figures or enforced limits moved: re-grant, at once or, when the pool
+        runs under a runtime that paces it (`reconcile_soon`), on its next turn."""
+        if self.reconcile_soon is None:
+            self.reconcile()
+        else:
+            self.reconcile_soon()
+
+    def queued_at(self, gateway_id: str) -> Row | None:
+        """What each tenant has queued at `gateway_id`, as it last said; None: not known."""
+        record = self._gateways.get(gateway_id)
+        return None if record is None else record.queued
 
     def disconnect_gateway(self, session: GatewaySession) -> None:
         """The gateway's stream ended. Its slots stay counted until its lease runs out, since it
@@ -612,9 +643,11 @@ class PoolState:
             before = previous.row(gateway_id)
             if before is not None:
                 granted[row, kept] = previous.limits[before, columns[kept]]
+        # The restart hold caps what may be granted, not the targets the gateways are told.
+        granting = targets
         if self._clock.monotonic() < self._holding_until_s:
-            targets = np.minimum(targets, _rows([r.acked for r in records], len(tenants)))
-        grants = placement.grant(self.pool.budget_slots, targets, granted, bounds)
+            granting = np.minimum(targets, _rows([r.acked for r in records], len(tenants)))
+        grants = placement.grant(self.pool.budget_slots, granting, granted, bounds)
         pauses = self._pause_levels(in_flight[live], grants[live])
         candidate_cells = CellLimits.of(connected, tenants, targets[live], grants[live], pauses)
         candidate = dataclasses.replace(current, cells=candidate_cells)
@@ -633,10 +666,12 @@ class PoolState:
                 cause=dict(trace_context) if trace_context else self._limits_trace_context,
                 decision=self._limits_trace_context,
             )
+            changed = _changed_rows(previous, candidate_cells)
             for row, gateway_id in enumerate(connected):
-                record = self._gateways[gateway_id]
-                record.send(published.version, candidate_cells.limits[row], now)
-                record.session.mailbox.put(delivery)
+                if force_publish or changed[row]:
+                    record = self._gateways[gateway_id]
+                    record.send(published.version, candidate_cells.limits[row], now)
+                    record.session.mailbox.put(delivery)
         # A removed tenant stops being counted once no gateway may hold any of it (its column
         # goes after this allocation, which still names it).
         drained = {name for name in self._draining if not bounds[:, self._index[name]].any()}
@@ -703,6 +738,24 @@ class PoolState:
         if output <= 0 or waste <= 0:
             return 0.0
         return 100.0 * waste / output
+
+
+def _changed_rows(before: CellLimits, after: CellLimits) -> NDArray[np.bool_]:
+    """For each gateway of `after`, whether anything of its row differs from `before` (a
+    gateway new there, or new tenants, count as changed): only those gateways get the new
+    version, so a re-grant on one gateway costs the others nothing."""
+    changed = np.ones(len(after.gateway_ids), dtype=bool)
+    if before.tenants != after.tenants:
+        return changed
+    for row, gateway_id in enumerate(after.gateway_ids):
+        old = before.row(gateway_id)
+        if old is not None:
+            changed[row] = not (
+                np.array_equal(before.targets[old], after.targets[row])
+                and np.array_equal(before.limits[old], after.limits[row])
+                and np.array_equal(before.pauses[old], after.pauses[row])
+            )
+    return changed
 
 
 def _columns(old: tuple[str, ...], new: tuple[str, ...]) -> Row:

@@ -12,19 +12,17 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from controlplane.agent_advisor import ChatAdvisor
-from controlplane.core.policies import make_policy
-from controlplane.decision_loop import DecisionLoop
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.pool_state import PoolState
 from controlplane.reflection import add_reflection
+from controlplane.runtime import PoolRuntime
 from controlplane.service.admin_service import PoolAdminService
 from controlplane.service.gateway_service import GatewayStreamService
 from controlplane.service.query_service import AllocationQueryService
 from controlplane.service.telemetry_service import TelemetryIngestService
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
-from slotshift.config import ConfigError, PoolConfig, SlotshiftConfig, read_secret_text
+from slotshift.config import ConfigError, SlotshiftConfig, read_secret_text
 from slotshift.tls import load_server_credentials
 from slotshift.v1 import (
     admin_pb2,
@@ -77,19 +75,13 @@ class ControlPlane:
             for pool in config.pools
         }
         self.metrics = ControlPlaneMetrics(self.pools)
-        self._advisors = {
-            pool.name: ChatAdvisor(pool, pool.agent_policy)
-            for pool in config.pools
-            if pool.policy == "agent"
-        }
-        self.loops = {
-            name: DecisionLoop(
+        self.runtimes = {
+            name: PoolRuntime(
                 state,
-                make_policy(state.pool.policy, fallback=state.pool.agent_policy.fallback),
                 clock=self._clock,
+                reconcile_min_interval_s=settings.reconcile_min_interval_ms / 1000,
                 observers=[self.metrics.observe_decision],
                 tracer=self._tracer,
-                advisor=self._advisors.get(name),
             )
             for name, state in self.pools.items()
         }
@@ -108,7 +100,13 @@ class ControlPlane:
             AllocationQueryService(self.pools), server
         )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-            GatewayStreamService(self.pools, on_ack=self.metrics.observe_ack, tracer=self._tracer),
+            GatewayStreamService(
+                self.pools,
+                on_ack=self.metrics.observe_ack,
+                tracer=self._tracer,
+                clock=self._clock,
+                push_min_interval_s=settings.push_min_interval_ms / 1000,
+            ),
             server,
         )
         telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(
@@ -122,9 +120,7 @@ class ControlPlane:
         )
         admin_token = await asyncio.to_thread(_read_admin_token, settings.admin_token_file)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            PoolAdminService(
-                self.loops, admin_token=admin_token, on_config_change=self._use_pool_config
-            ),
+            PoolAdminService(self.runtimes, admin_token=admin_token),
             server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -147,8 +143,9 @@ class ControlPlane:
             # A half-started control plane must not leave its gRPC server behind.
             await self.stop()
             raise
-        for name, loop in self.loops.items():
-            self._tasks.spawn(f"decision-loop/{name}", loop.run())
+        for name, runtime in self.runtimes.items():
+            self._tasks.spawn(f"decision-loop/{name}", runtime.decisions())
+            self._tasks.spawn(f"regrants/{name}", runtime.regrants())
         for service in ("", *SERVICE_NAMES[:-1]):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         logger.info(
@@ -159,18 +156,6 @@ class ControlPlane:
             self.metrics_port,
             sorted(self.pools),
         )
-
-    def _use_pool_config(self, pool: PoolConfig) -> None:
-        """A pool's config changed through the admin API: decide with its policy from now on."""
-        loop = self.loops[pool.name]
-        advisor = self._advisors.get(pool.name)
-        if pool.policy == "agent":
-            if advisor is None:
-                advisor = self._advisors[pool.name] = ChatAdvisor(pool, pool.agent_policy)
-            advisor.use_pool(pool)
-        if pool.policy != loop.policy.name:
-            policy = make_policy(pool.policy, fallback=pool.agent_policy.fallback)
-            loop.replace_policy(policy, advisor if policy.needs_advice else None)
 
     async def _start_metrics(self, host: str, port: int) -> web.AppRunner:
         async def metrics(_: web.Request) -> web.Response:
@@ -196,8 +181,8 @@ class ControlPlane:
         """Health NOT_SERVING, stop deciding, end the gateways' streams, stop serving."""
         await self._health.enter_graceful_shutdown()
         await self._tasks.stop()
-        for advisor in self._advisors.values():
-            await advisor.close()
+        for runtime in self.runtimes.values():
+            await runtime.close()
         for state in self.pools.values():
             state.close_sessions()
         if self._server is not None:

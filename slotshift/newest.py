@@ -58,6 +58,21 @@ class NewestBox(Generic[T]):
         value, self._value = self._value, None
         return value
 
+    @property
+    def closed(self) -> bool:
+        """Whether close() was called."""
+        return self._closed
+
+    async def wait_ready(self, timeout_s: float) -> None:
+        """Wait until a value is put, the box is woken or closed, or `timeout_s` passes,
+        whichever is first; takes nothing (a consumer holding a value back waits for news)."""
+        if self._ready.is_set() or timeout_s <= 0:
+            return
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except TimeoutError:
+            return
+
     async def take(self) -> T | None:
         """The waiting value once there is one; None if wake() came first without a value, or
         the box is closed."""

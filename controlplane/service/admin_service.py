@@ -28,7 +28,7 @@ from controlplane.core.config_change import (
     set_policy,
     update_tenant,
 )
-from controlplane.decision_loop import DecisionLoop
+from controlplane.runtime import PoolRuntime
 from controlplane.service import convert
 from controlplane.service.lookup import find_pool
 from slotshift.config import PoolConfig
@@ -37,37 +37,31 @@ from slotshift.v1 import admin_pb2, admin_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
-ConfigObserver = Callable[[PoolConfig], None]
-"""Called with a pool's new config once it runs, before the decision that follows (the control
-plane swaps the pool's policy there)."""
-
 _Context = grpc.aio.ServicerContext[object, object]
 _Change = tuple[PoolConfig, Mapping[str, tuple[bytes, ...]], str]
 """A validated change: the new config, every tenant's key digests, and what changed in words."""
 
 
 class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
-    """The admin API over the pools' decision loops (each owns its pool's state).
+    """The admin API over the pools' runtimes (controlplane/runtime.py), which apply the changes.
 
     admin_token: the token mutating calls must present; None refuses them all.
     """
 
     def __init__(
         self,
-        loops: Mapping[str, DecisionLoop],
+        runtimes: Mapping[str, PoolRuntime],
         *,
         admin_token: str | None,
-        on_config_change: ConfigObserver | None = None,
     ) -> None:
-        self._loops = loops
+        self._runtimes = runtimes
         self._token_digest = None if admin_token is None else key_digest(admin_token)
-        self._on_config_change = on_config_change
 
     async def AddTenant(
         self, request: admin_pb2.AddTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
-        loop = await self._authorized_loop(request.pool, context)
-        state = loop.state
+        runtime = await self._authorized_runtime(request.pool, context)
+        state = runtime.state
 
         def change() -> _Change:
             name = _required("tenant", request.tenant)
@@ -75,26 +69,26 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
             pool = add_tenant(state.pool, name, convert.settings_from_proto(request.settings))
             return pool, {**state.key_digests, name: digests}, f"added tenant {name}"
 
-        return await self._apply(loop, change, context)
+        return await self._apply(runtime, change, context)
 
     async def RemoveTenant(
         self, request: admin_pb2.RemoveTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
-        loop = await self._authorized_loop(request.pool, context)
-        state = loop.state
+        runtime = await self._authorized_runtime(request.pool, context)
+        state = runtime.state
 
         def change() -> _Change:
             name = _required("tenant", request.tenant)
             pool = remove_tenant(state.pool, name)
             return pool, state.key_digests, f"removed tenant {name}"
 
-        return await self._apply(loop, change, context)
+        return await self._apply(runtime, change, context)
 
     async def UpdateTenant(
         self, request: admin_pb2.UpdateTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
-        loop = await self._authorized_loop(request.pool, context)
-        state = loop.state
+        runtime = await self._authorized_runtime(request.pool, context)
+        state = runtime.state
 
         def change() -> _Change:
             name = _required("tenant", request.tenant)
@@ -105,31 +99,31 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
             what = f"updated tenant {name}: {', '.join(changed) or 'nothing'}"
             return pool, state.key_digests, what
 
-        return await self._apply(loop, change, context)
+        return await self._apply(runtime, change, context)
 
     async def SetPolicy(
         self, request: admin_pb2.SetPolicyRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
-        loop = await self._authorized_loop(request.pool, context)
-        state = loop.state
+        runtime = await self._authorized_runtime(request.pool, context)
+        state = runtime.state
 
         def change() -> _Change:
             policy = _required("policy", request.policy)
             pool = set_policy(state.pool, policy)
             return pool, state.key_digests, f"policy {state.pool.policy} -> {policy}"
 
-        return await self._apply(loop, change, context)
+        return await self._apply(runtime, change, context)
 
     async def GetPoolConfig(
         self, request: admin_pb2.GetPoolConfigRequest, context: _Context
     ) -> admin_pb2.PoolConfigView:
-        state = (await self._loop(request.pool, context)).state
+        state = (await self._runtime(request.pool, context)).state
         return convert.pool_config_to_proto(state.pool, state.config_version, state.key_digests)
 
     async def _apply(
-        self, loop: DecisionLoop, change: Callable[[], _Change], context: _Context
+        self, runtime: PoolRuntime, change: Callable[[], _Change], context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
-        state = loop.state
+        state = runtime.state
         try:
             pool, digests, what = change()
         except ConfigChangeError as exc:
@@ -138,20 +132,16 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         except UnknownTenantError as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
             raise
-        version = state.replace_config(pool, digests)
-        if self._on_config_change is not None:
-            self._on_config_change(pool)
-        logger.info("pool %s config v%d: %s", pool.name, version, what)
-        record = loop.decide_once(trigger=f"config v{version}: {what}")
+        record = runtime.change_config(pool, digests, what)
         return admin_pb2.ConfigChangeResponse(
-            config=convert.pool_config_to_proto(pool, version, state.key_digests),
+            config=convert.pool_config_to_proto(pool, state.config_version, state.key_digests),
             decision_id=record.id,
             allocation_version=state.allocation.version,
         )
 
-    async def _authorized_loop(self, pool: str, context: _Context) -> DecisionLoop:
+    async def _authorized_runtime(self, pool: str, context: _Context) -> PoolRuntime:
         await self._authorize(context)
-        return await self._loop(pool, context)
+        return await self._runtime(pool, context)
 
     async def _authorize(self, context: _Context) -> None:
         if self._token_digest is None:
@@ -172,8 +162,8 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
                 "authorization: send the admin token as 'authorization: Bearer TOKEN' metadata",
             )
 
-    async def _loop(self, name: str, context: _Context) -> DecisionLoop:
-        return await find_pool(self._loops, name, context)
+    async def _runtime(self, name: str, context: _Context) -> PoolRuntime:
+        return await find_pool(self._runtimes, name, context)
 
 
 def _required(field: str, value: str) -> str:

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from controlplane.core.allocation import Allocation, GatewayLimit
+import numpy as np
+from numpy.typing import NDArray
+
+from controlplane.core.allocation import NO_PAUSE, Allocation, GatewayLimit
+from controlplane.core.push import GatewayRow
 from controlplane.core.snapshot import TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
 from controlplane.pool_state import TenantDirectory
@@ -63,13 +67,23 @@ def allocation_to_proto(
     )
 
 
-def gateway_limits_to_proto(
-    allocation: Allocation, gateway_id: str
+def row_to_proto(
+    row: GatewayRow, columns: NDArray[np.intp] | None
 ) -> list[allocation_pb2.GatewayTenantLimit]:
-    return [
-        gateway_limit_to_proto(tenant, lim)
-        for tenant, lim in allocation.gateways.get(gateway_id, {}).items()
-    ]
+    """The limits of `row`'s tenants at `columns` (None: every tenant)."""
+    picked = range(len(row.tenants)) if columns is None else columns.tolist()
+    limits: list[allocation_pb2.GatewayTenantLimit] = []
+    for column in picked:
+        message = allocation_pb2.GatewayTenantLimit(
+            tenant=row.tenants[column],
+            target_slots=int(row.targets[column]),
+            limit_slots=int(row.limits[column]),
+        )
+        pause = int(row.pauses[column])
+        if pause != NO_PAUSE:
+            message.pause_above_slots = pause
+        limits.append(message)
+    return limits
 
 
 def gateway_limit_to_proto(tenant: str, limit: GatewayLimit) -> allocation_pb2.GatewayTenantLimit:

@@ -6,10 +6,15 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
+import numpy as np
+from numpy.typing import NDArray
 from opentelemetry import trace
 
+from controlplane.core.allocation import Allocation
+from controlplane.core.push import GatewayRow, Push, next_push
 from controlplane.pool_state import Delivery, GatewaySession, PoolState
 from controlplane.service import convert
+from slotshift.clock import Clock, SystemClock
 from slotshift.demand import TenantDemand
 from slotshift.trace_context import (
     DECISION_TRACEPARENT,
@@ -41,10 +46,14 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         on_ack: AckObserver | None = None,
         *,
         tracer: trace.Tracer | None = None,
+        clock: Clock | None = None,
+        push_min_interval_s: float = 0.0,
     ) -> None:
         self._pools = pools
         self._on_ack = on_ack
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
+        self._clock = clock or SystemClock()
+        self._push_min_interval_s = push_min_interval_s
 
     # Written with context.write rather than as a generator, so that reading and writing run
     # side by side; the generated base class only knows the generator form.
@@ -119,11 +128,16 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                     report.applied_version,
                     _demands(report),
                     observed_at_wall_s=_observed_at(report),
+                    delta=report.delta,
                 )
             elif kind == "ack":
                 ack = message.ack
                 latency = state.record_ack(
-                    session, ack.version, _demands(ack), observed_at_wall_s=_observed_at(ack)
+                    session,
+                    ack.version,
+                    _demands(ack),
+                    observed_at_wall_s=_observed_at(ack),
+                    delta=ack.delta,
                 )
                 if latency is not None and self._on_ack is not None:
                     self._on_ack(state.pool.name, latency)
@@ -136,19 +150,48 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         session: GatewaySession,
         context: grpc.aio.ServicerContext[object, object],
     ) -> None:
-        while (delivery := await session.mailbox.take()) is not None:
+        """Send what lands in the session's mailbox: the first update whole, then only what
+        changed; one that may wait (core/push.py) waits for the gateway's next push slot,
+        and goes out carrying the newest limits then."""
+        pushed: GatewayRow | None = None
+        next_slot_s = 0.0
+        mailbox = session.mailbox
+        while (delivery := await mailbox.take()) is not None:
+            target = _row_of(delivery, session.gateway_id)
+            if target is None:
+                continue  # not this gateway's any more (it reconnected elsewhere)
+            push = next_push(pushed, target, _queued(state, session.gateway_id, target))
+            if not push.urgent and self._clock.monotonic() < next_slot_s:
+                # Hold it back until the next slot; a newer delivery replaces it meanwhile, and
+                # is looked at first (it may be urgent).
+                mailbox.put_back(delivery)
+                await mailbox.wait_ready(next_slot_s - self._clock.monotonic())
+                if self._clock.monotonic() < next_slot_s and not mailbox.closed:
+                    continue
+                held = mailbox.take_nowait()
+                if held is None:
+                    return  # closed
+                delivery = held
+                target = _row_of(delivery, session.gateway_id)
+                if target is None:
+                    continue
+                push = next_push(pushed, target, _queued(state, session.gateway_id, target))
             directory, session.directory = session.directory, None
             if directory is not None:
                 # Before the allocation, so that the gateway knows every tenant it names.
                 await context.write(
                     gateway_pb2.ControlMessage(tenants=convert.directory_to_proto(directory))
                 )
-            await self._push(delivery, session.gateway_id, context)
+            await self._push(delivery, session.gateway_id, target, push, context)
+            pushed = target
+            next_slot_s = self._clock.monotonic() + self._push_min_interval_s
 
     async def _push(
         self,
         delivery: Delivery,
         gateway_id: str,
+        target: GatewayRow,
+        push: Push,
         context: grpc.aio.ServicerContext[object, object],
     ) -> None:
         allocation = delivery.allocation
@@ -158,28 +201,54 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             version=allocation.version,
             decision_id=allocation.decision_id,
             budget_slots=allocation.budget_slots,
-            tenants=convert.gateway_limits_to_proto(allocation, gateway_id),
+            tenants=convert.row_to_proto(target, push.columns),
+            delta=push.columns is not None,
         )
-        attributes: dict[str, str | int] = {
-            "slotshift.pool": allocation.pool,
-            "slotshift.gateway.id": gateway_id,
-            "slotshift.allocation.version": allocation.version,
-            "slotshift.decision.id": allocation.decision_id,
-        }
-        for limit in update.tenants:
-            attributes[f"slotshift.allocation.{limit.tenant}.limit_slots"] = limit.limit_slots
-            attributes[f"slotshift.allocation.{limit.tenant}.target_slots"] = limit.target_slots
         with self._tracer.start_as_current_span(
             "allocation.push",
             context=parent_from(delivery.cause),
             kind=trace.SpanKind.PRODUCER,
-            attributes=attributes,
         ) as span:
+            if span.is_recording():
+                # Per tenant only what this update names: a whole pool's worth of attributes on
+                # every push would cost more than the push.
+                span.set_attributes(_push_attributes(allocation, gateway_id, update))
             update.trace_context.update(carrier_of(span))
             decision = delivery.decision.get("traceparent")
             if decision:
                 update.trace_context[DECISION_TRACEPARENT] = decision
             await context.write(gateway_pb2.ControlMessage(allocation=update))
+
+
+def _row_of(delivery: Delivery, gateway_id: str) -> GatewayRow | None:
+    cells = delivery.allocation.cells
+    row = cells.row(gateway_id)
+    return None if row is None else GatewayRow.of(cells, row)
+
+
+def _queued(state: PoolState, gateway_id: str, target: GatewayRow) -> NDArray[np.int64] | None:
+    """What the gateway has queued per tenant, in `target`'s columns; None when they differ
+    (the pool's tenants just changed)."""
+    queued = state.queued_at(gateway_id)
+    if queued is None or state.tenants != target.tenants:
+        return None
+    return queued
+
+
+def _push_attributes(
+    allocation: Allocation, gateway_id: str, update: gateway_pb2.AllocationUpdate
+) -> dict[str, str | int | bool]:
+    attributes: dict[str, str | int | bool] = {
+        "slotshift.pool": allocation.pool,
+        "slotshift.gateway.id": gateway_id,
+        "slotshift.allocation.version": allocation.version,
+        "slotshift.decision.id": allocation.decision_id,
+        "slotshift.allocation.delta": update.delta,
+    }
+    for limit in update.tenants:
+        attributes[f"slotshift.allocation.{limit.tenant}.limit_slots"] = limit.limit_slots
+        attributes[f"slotshift.allocation.{limit.tenant}.target_slots"] = limit.target_slots
+    return attributes
 
 
 _Figures = gateway_pb2.GatewayHello | gateway_pb2.DemandReport | gateway_pb2.AllocationAck
@@ -191,6 +260,5 @@ def _demands(message: _Figures) -> list[TenantDemand]:
 
 
 def _observed_at(message: _Figures) -> float | None:
-    """When the gateway observed the message's figures; None when it does not say (the pool's
-    state then never drops them as old)."""
+    """When the gateway observed the message's figures; None when it does not say."""
     return from_timestamp(message.observed_at) if message.HasField("observed_at") else None

@@ -35,6 +35,17 @@ class ControlPlaneConfig(ConfigModel):
     shutdown_grace_s: PositiveSeconds = 5.0
     """Seconds open streams get to finish when the server stops."""
 
+    push_min_interval_ms: Annotated[float, Field(ge=0)] = 100.0
+    """Most one allocation update a gateway gets in this long for changes that can wait: parts of
+    an idle tenant's headroom moving between gateways. An update that takes slots away (a shrink,
+    a pause) or raises the limit of a tenant with requests queued there goes out at once; the one
+    that follows a held change carries the newest limits. 0: every change at once."""
+
+    reconcile_min_interval_ms: Annotated[float, Field(ge=0)] = 10.0
+    """Most one re-grant of a pool in this long: reports and acknowledgements arriving together
+    are taken in one pass over the pool's cells (which costs about a millisecond per 100,000
+    cells) instead of one pass each. A lent slot waits at most this long more to come back."""
+
     tls: ServerTlsConfig | None = None
     """TLS on the gRPC API (gateways, agents, grpcurl), mutual with require_client_cert; unset:
     plaintext. The gateways' and the agent's controlplane_tls must then be set to match."""
@@ -77,6 +88,11 @@ class GatewayConfig(ConfigModel):
 
     report_interval_s: PositiveSeconds = 0.25
     """Seconds between two demand reports to the control plane."""
+
+    full_report_interval_s: PositiveSeconds = 5.0
+    """Reports and acknowledgements name only the tenants whose figures changed since the last
+    ones on the stream; every this many seconds one names every tenant, so that nothing the
+    control plane holds can drift."""
 
     queue_report_min_interval_s: PositiveSeconds = 0.02
     """When a tenant's requests start to queue, the gateway reports at once rather than at the

@@ -104,21 +104,27 @@ class DemandReport(_message.Message):
     APPLIED_VERSION_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     applied_version: _builtins.int
     """The allocation version the gateway enforces (as an AllocationAck of it says: a report heals
     a lost acknowledgement).
     """
+    delta: _builtins.bool
     @_builtins.property
     def observed_at(self) -> _timestamp_pb2.Timestamp:
-        """When the gateway took `tenants` (its wall clock). The control plane keeps the newest figures
-        of each gateway: a report, ack or hello observed before the figures it holds (reordered or
-        duplicated) does not replace them. Unset: unknown, never dropped.
+        """When the gateway took `tenants` (its wall clock): the demand's age in decisions. The control
+        plane takes figures in the order the stream brings them, whatever their stamps.
         """
 
     @_builtins.property
-    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantDemand]: ...
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantDemand]:
+        """Every tenant's figures (delta false), or only those of the tenants whose figures changed
+        since the gateway's previous report, ack or hello on this stream (delta true): the others
+        stand as last sent. Gateways send every tenant every few seconds, so nothing drifts.
+        """
+
     def __init__(
         self,
         *,
@@ -127,10 +133,11 @@ class DemandReport(_message.Message):
         applied_version: _builtins.int = ...,
         observed_at: _timestamp_pb2.Timestamp | None = ...,
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
+        delta: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -147,9 +154,12 @@ class AllocationAck(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     version: _builtins.int
+    delta: _builtins.bool
+    """As DemandReport.delta: `tenants` holds only the figures that changed."""
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantDemand]: ...
     @_builtins.property
@@ -164,10 +174,11 @@ class AllocationAck(_message.Message):
         version: _builtins.int = ...,
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
         observed_at: _timestamp_pb2.Timestamp | None = ...,
+        delta: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -290,13 +301,20 @@ class AllocationUpdate(_message.Message):
     BUDGET_SLOTS_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
+    DELTA_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     version: _builtins.int
     decision_id: _builtins.int
     budget_slots: _builtins.int
+    delta: _builtins.bool
     @_builtins.property
-    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_allocation_pb2.GatewayTenantLimit]: ...
+    def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_allocation_pb2.GatewayTenantLimit]:
+        """Every tenant's limits here (delta false: a tenant not named gets 0), or only those that
+        changed since the previous update on this stream (delta true: the others stand). The first
+        update of every stream is whole.
+        """
+
     @_builtins.property
     def trace_context(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """W3C trace context of the publishing decision (traceparent, tracestate): `traceparent` names
@@ -314,10 +332,11 @@ class AllocationUpdate(_message.Message):
         budget_slots: _builtins.int = ...,
         tenants: _abc.Iterable[_allocation_pb2.GatewayTenantLimit] | None = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        delta: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "decision_id", b"decision_id", "gateway_id", b"gateway_id", "pool", b"pool", "tenants", b"tenants", "trace_context", b"trace_context", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "decision_id", b"decision_id", "delta", b"delta", "gateway_id", b"gateway_id", "pool", b"pool", "tenants", b"tenants", "trace_context", b"trace_context", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -130,7 +130,7 @@ async def test_the_loop_never_waits_past_the_deadline(
     engine: EngineSim, control_plane: ControlPlane
 ) -> None:
     await _script(engine, [{"content": "{}", "delay_ms": 5000} for _ in range(5)])
-    loop = control_plane.loops["default"]
+    loop = control_plane.runtimes["default"].loop
     started = time.monotonic()
     record = await loop.decide()
     elapsed_ms = (time.monotonic() - started) * 1000

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from slotshift.v1 import allocation_pb2, gateway_pb2, gateway_pb2_grpc
+from slotshift.v1 import allocation_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
 
 
 @dataclass
@@ -19,6 +19,18 @@ class Session:
 
     def of_kind(self, kind: str) -> list[gateway_pb2.GatewayMessage]:
         return [m for m in self.received if m.WhichOneof("kind") == kind]
+
+    def held(self) -> dict[str, common_pb2.TenantDemand]:
+        """Each tenant's figures as the control plane holds them after every message so far:
+        a hello or a whole report replaces them all, a delta only the tenants it names."""
+        figures: dict[str, common_pb2.TenantDemand] = {}
+        for message in self.received:
+            kind = message.WhichOneof("kind")
+            carrier = getattr(message, kind)
+            if kind == "hello" or not carrier.delta:
+                figures = {}
+            figures.update({t.tenant: t for t in carrier.tenants})
+        return figures
 
     async def push(self, version: int, gateway_id: str = "gw-1", **limits: tuple[int, int]) -> None:
         """Send an AllocationUpdate; limits: tenant=(target_slots, limit_slots)."""

@@ -133,7 +133,15 @@ def test_budget_holds_under_random_interleavings(seed: int) -> None:
     for limits in allocation.gateways.values():
         for lim in limits.values():
             assert lim.limit_slots == lim.target_slots
-    assert all(g.applied_version == allocation.version for g in gateways)
+    # Each gateway enforces exactly its part; one whose part did not change since it was last
+    # told keeps its older version (only changed gateways get a new one).
+    for gateway in gateways:
+        expected = {
+            t: lim.limit_slots for t, lim in allocation.gateways[gateway.gateway_id].items()
+        }
+        assert gateway.limits == expected
+        assert gateway.session is not None
+        assert gateway.session.mailbox.take_nowait() is None, "nothing left to apply"
 
 
 def test_backlogged_tenant_gains_slots_from_an_idle_one_within_one_decision() -> None:
@@ -302,6 +310,13 @@ def test_a_restarted_control_plane_grants_nothing_above_what_gateways_enforce_fo
     first.in_flight["B"] = 44
     first.connect(state)
     loop.decide_once()
+    assert first.session is not None
+    delivery = first.session.mailbox.take_nowait()
+    assert delivery is not None
+    first.session.mailbox.put_back(delivery)
+    # The hold caps what is granted, not what the gateway is told its part is.
+    held = delivery.allocation.gateways["first"]["B"]
+    assert held.target_slots > 44 >= held.limit_slots
     assert first.apply_pending(state)
     assert first.limits["B"] <= 44, "only what it enforced before the restart"
     late = SimGateway("late", {"A": 4, "B": 44}, applied_version=30)

@@ -168,7 +168,14 @@ def test_budget_holds_and_limits_converge_when_acks_are_lost(seed: int) -> None:
     for limits in allocation.gateways.values():
         for lim in limits.values():
             assert lim.limit_slots == lim.target_slots
-    assert state.applied_versions() == {g.gateway_id: allocation.version for g in gateways}
+    # Every gateway is known to enforce the last version sent to it (gateways whose part did
+    # not change keep an older one), and enforces exactly its part.
+    assert state.applied_versions() == {g.gateway_id: g.applied_version for g in gateways}
+    for gateway in gateways:
+        expected = {
+            t: lim.limit_slots for t, lim in allocation.gateways[gateway.gateway_id].items()
+        }
+        assert gateway.limits == expected
 
 
 def _two_reporting_gateways(clock: ManualClock) -> PoolState:

@@ -45,3 +45,24 @@ async def test_a_closed_box_answers_none_and_drops_its_value() -> None:
     assert await box.take() is None
     box.put(2)
     assert await box.take() is None
+
+
+async def test_wait_ready_returns_on_a_put_before_its_timeout_and_takes_nothing() -> None:
+    box: NewestBox[int] = NewestBox()
+    box.put_back(1)
+    assert box.take_nowait() == 1
+    waiting = asyncio.create_task(box.wait_ready(60.0), name="wait-ready")
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    box.put(2)
+    await asyncio.wait_for(waiting, 5.0)
+    assert box.take_nowait() == 2, "waiting took nothing"
+
+
+async def test_wait_ready_gives_up_after_its_timeout() -> None:
+    box: NewestBox[int] = NewestBox()
+    await box.wait_ready(0.001)
+    assert box.take_nowait() is None
+    box.close()
+    assert box.closed
+    await box.wait_ready(60.0)  # a closed box is ready at once

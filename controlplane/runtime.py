@@ -1,0 +1,104 @@
+"""One pool at run time: its state, its decision loop, the pacing of its re-grants, and changes
+to its config; the services act on a pool only through it.
+
+go-control-plane's roles, per pool: the decision loop and the re-grants produce allocations
+(PoolState versions them), the gateway stream service delivers them (controlplane/core/push.py
+says what each gateway's update carries and when). An admin change goes to `change_config`,
+which swaps the state's config and the loop's policy together and decides at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from opentelemetry import trace
+
+from controlplane.agent_advisor import ChatAdvisor
+from controlplane.core.policies import make_policy
+from controlplane.decision_log import DecisionRecord
+from controlplane.decision_loop import DecisionLoop, DecisionObserver
+from controlplane.pool_state import PoolState
+from slotshift.clock import Clock
+from slotshift.config import PoolConfig
+
+logger = logging.getLogger(__name__)
+
+
+class PoolRuntime:
+    """Runs one pool: decisions every period and on the fast path, re-grants paced to at most
+    one per `reconcile_min_interval_s`, config changes from the admin API."""
+
+    def __init__(
+        self,
+        state: PoolState,
+        *,
+        clock: Clock,
+        reconcile_min_interval_s: float,
+        observers: list[DecisionObserver] | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        self.state = state
+        self._clock = clock
+        self._reconcile_min_interval_s = reconcile_min_interval_s
+        pool = state.pool
+        self._advisor = ChatAdvisor(pool, pool.agent_policy) if pool.policy == "agent" else None
+        self.loop = DecisionLoop(
+            state,
+            make_policy(pool.policy, fallback=pool.agent_policy.fallback),
+            clock=clock,
+            observers=observers,
+            tracer=tracer,
+            advisor=self._advisor,
+        )
+        self._regrant_wanted = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return self.state.pool.name
+
+    async def decisions(self) -> None:
+        """Decide every period and on the fast path, until cancelled."""
+        await self.loop.run()
+
+    async def regrants(self) -> None:
+        """Re-grant the pool whenever its gateways' figures or enforced limits moved, at most
+        once per interval: a burst of reports and acks is one pass over the cells. Until
+        cancelled; while it runs, reports and acks no longer reconcile each."""
+        state = self.state
+        state.reconcile_soon = self._regrant_wanted.set
+        try:
+            while True:
+                await self._regrant_wanted.wait()
+                self._regrant_wanted.clear()
+                began = self._clock.monotonic()
+                state.reconcile()
+                rest_s = began + self._reconcile_min_interval_s - self._clock.monotonic()
+                if rest_s > 0:
+                    await asyncio.sleep(rest_s)
+        finally:
+            state.reconcile_soon = None
+
+    def change_config(
+        self, pool: PoolConfig, key_digests: Mapping[str, tuple[bytes, ...]], what: str
+    ) -> DecisionRecord:
+        """Run `pool` (validated) from now on, with `key_digests` for its tenants: the state takes
+        the config, the loop decides with its policy (and advisor), and a decision runs at once,
+        its trigger naming the change (`what`)."""
+        state = self.state
+        version = state.replace_config(pool, key_digests)
+        if pool.policy == "agent":
+            if self._advisor is None:
+                self._advisor = ChatAdvisor(pool, pool.agent_policy)
+            self._advisor.use_pool(pool)
+        if pool.policy != self.loop.policy.name:
+            policy = make_policy(pool.policy, fallback=pool.agent_policy.fallback)
+            self.loop.replace_policy(policy, self._advisor if policy.needs_advice else None)
+        logger.info("pool %s config v%d: %s", pool.name, version, what)
+        return self.loop.decide_once(trigger=f"config v{version}: {what}")
+
+    async def close(self) -> None:
+        """Release what it holds outside the process (the advisor's connections)."""
+        if self._advisor is not None:
+            await self._advisor.close()
