@@ -25,9 +25,11 @@ class Session:
         a hello or a whole report replaces them all, a delta only the tenants it names."""
         figures: dict[str, common_pb2.TenantDemand] = {}
         for message in self.received:
-            kind = message.WhichOneof("kind")
-            carrier = getattr(message, kind)
-            if kind == "hello" or not carrier.delta:
+            if message.HasField("hello"):
+                figures = {t.tenant: t for t in message.hello.tenants}
+                continue
+            carrier = message.demand if message.HasField("demand") else message.ack
+            if not carrier.delta:
                 figures = {}
             figures.update({t.tenant: t for t in carrier.tenants})
         return figures
