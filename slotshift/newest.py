@@ -9,6 +9,7 @@ bounded and the first value it takes afterwards is the freshest, not a backlog o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -65,13 +66,13 @@ class NewestBox(Generic[T]):
 
     async def wait_ready(self, timeout_s: float) -> None:
         """Wait until a value is put, the box is woken or closed, or `timeout_s` passes,
-        whichever is first; takes nothing (a consumer holding a value back waits for news)."""
-        if self._ready.is_set() or timeout_s <= 0:
-            return
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
-        except TimeoutError:
-            return
+        whichever is first; takes no value (a consumer holding one back waits for news with
+        it). A wake without a value is consumed: the next wait waits again."""
+        if not self._ready.is_set() and timeout_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ready.wait(), timeout_s)
+        if self._value is None and not self._closed:
+            self._ready.clear()
 
     async def take(self) -> T | None:
         """The waiting value once there is one; None if wake() came first without a value, or

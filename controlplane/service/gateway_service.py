@@ -161,21 +161,17 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             if target is None:
                 continue  # not this gateway's any more (it reconnected elsewhere)
             push = next_push(pushed, target, _queued(state, session.gateway_id, target))
-            if not push.urgent and self._clock.monotonic() < next_slot_s:
-                # Hold it back until the next slot; a newer delivery replaces it meanwhile, and
-                # is looked at first (it may be urgent).
-                mailbox.put_back(delivery)
+            # A change that may wait is held until the gateway's next push slot; whatever comes
+            # meanwhile replaces it (and may be urgent: then it goes at once).
+            while not push.urgent and self._clock.monotonic() < next_slot_s:
                 await mailbox.wait_ready(next_slot_s - self._clock.monotonic())
-                if self._clock.monotonic() < next_slot_s and not mailbox.closed:
-                    continue
-                held = mailbox.take_nowait()
-                if held is None:
-                    return  # closed
-                delivery = held
-                target = _row_of(delivery, session.gateway_id)
-                if target is None:
-                    continue
-                push = next_push(pushed, target, _queued(state, session.gateway_id, target))
+                if mailbox.closed:
+                    return
+                newer = mailbox.take_nowait()
+                newer_target = None if newer is None else _row_of(newer, session.gateway_id)
+                if newer is not None and newer_target is not None:
+                    delivery, target = newer, newer_target
+                    push = next_push(pushed, target, _queued(state, session.gateway_id, target))
             directory, session.directory = session.directory, None
             if directory is not None:
                 # Before the allocation, so that the gateway knows every tenant it names.

@@ -12,10 +12,11 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from admission_gateway.control_client import ControlClient
+from admission_gateway.control_client import ControlClient, _FiguresSent
 from admission_gateway.gateway_state import GatewayState
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import ManualClock
+from slotshift.demand import TenantDemand
 from slotshift.v1 import gateway_pb2
 from tests.support import free_port, wait_until
 from tests.unit.admission_gateway.conftest import make_config
@@ -233,3 +234,18 @@ async def test_a_stream_ended_by_the_control_plane_right_after_an_update_is_reop
     finally:
         await tasks.stop()
         await server.stop(None)
+
+
+def test_figures_name_only_what_changed_and_everything_once_per_interval() -> None:
+    clock = ManualClock()
+    sent = _FiguresSent(clock, full_interval_s=5.0)
+    a, b = TenantDemand("A", in_flight=1), TenantDemand("B", in_flight=2)
+    whole, delta = sent.next([a, b], whole=True)
+    assert not delta and [t.tenant for t in whole] == ["A", "B"]
+    changed, delta = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
+    assert delta and [(t.tenant, t.in_flight) for t in changed] == [("B", 3)]
+    nothing, delta = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
+    assert delta and nothing == []
+    clock.advance(5.0)
+    again, delta = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
+    assert not delta and [t.tenant for t in again] == ["A", "B"], "whole once per interval"

@@ -72,3 +72,14 @@ async def test_a_tenants_demand_is_built_from_its_counts_windows_and_tokens_in_m
         waste_tokens_total=3,
     )
     slot.release()
+
+
+def test_a_delta_changes_the_tenants_it_names_and_a_whole_update_zeroes_the_rest() -> None:
+    state = _state("keep")
+    assert state.apply_allocation(
+        4, [TenantLimit("B", target_slots=40, limit_slots=40)], delta=True
+    )
+    assert _limits(state) == {"A": 2, "B": 40}, "A keeps what it had"
+    assert state.apply_allocation(5, [TenantLimit("B", target_slots=30, limit_slots=30)])
+    assert _limits(state) == {"A": 0, "B": 30}, "a whole update that does not name A gives it 0"
+    assert not state.apply_allocation(5, [], delta=True), "not newer: nothing changes"

@@ -229,3 +229,38 @@ async def test_list_tenants_shows_the_pool_wide_totals() -> None:
     b = next(t for t in response.tenants if t.allocation.tenant == "B")
     assert (b.in_flight, b.queued) == (0, 6)
     assert (b.admitted_total, b.completed_total, b.rejected_total) == (17, 15, 4)
+
+
+def test_a_delta_report_changes_only_the_tenants_it_names() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    whole = [
+        TenantDemand("A", in_flight=3, queued=1, output_tokens_total=100, waste_tokens_total=1),
+        TenantDemand("B", in_flight=5, queued=2, output_tokens_total=200, waste_tokens_total=2),
+    ]
+    session = state.connect_gateway("gw", 0, whole)
+    state.record_demand(session, 0, [TenantDemand("B", in_flight=1, queued=9)], delta=True)
+    tenants = state.snapshot().tenants
+    assert (tenants["A"].in_flight, tenants["A"].queued) == (3, 1), "A stands as last sent"
+    assert (tenants["B"].in_flight, tenants["B"].queued) == (1, 9)
+    # A whole report replaces everything: a tenant it does not name has no figures.
+    state.record_demand(session, 0, [TenantDemand("B", in_flight=2)])
+    tenants = state.snapshot().tenants
+    assert (tenants["A"].in_flight, tenants["B"].in_flight) == (0, 2)
+
+
+def test_delta_figures_keep_the_pools_token_counters_exact() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    session = state.connect_gateway("gw", 0, [])
+    figures = {
+        "A": TenantDemand("A", output_tokens_total=1_000, waste_tokens_total=0),
+        "B": TenantDemand("B", output_tokens_total=1_000, waste_tokens_total=0),
+    }
+    state.record_demand(session, 0, list(figures.values()))
+    clock.advance(1.0)
+    # B's counters move and A's do not: a delta names B only; the window sees 1,000 more
+    # output tokens of which 50 are waste.
+    figures["B"] = TenantDemand("B", output_tokens_total=2_000, waste_tokens_total=50)
+    state.record_demand(session, 0, [figures["B"]], delta=True)
+    assert state.waste_percent() == pytest.approx(5.0)
