@@ -74,6 +74,8 @@ SATURATED_GENERATOR_CORES = 0.9
 """A generator process using this much of a core could not keep its gateways' pace."""
 DECISION_POLL_S = 2.0
 """How often the decision log is read during the window."""
+MAX_DECISIONS_READ = 8192
+"""Most decisions asked for in one read (far above the log's shipped 512)."""
 MEMORY_POLL_S = 1.0
 WATCH_S = 0.5
 RPC_TIMEOUT_S = 30.0
@@ -186,16 +188,23 @@ class DecisionReader:
         """Decisions that fell out of the bounded log before they were read."""
 
     async def read_new(self) -> None:
-        """Fetch the decisions made since the last read (the log answers newest first)."""
+        """Fetch the decisions made since the last read (the log answers newest first, with no
+        offset: ask for more until the answer reaches back to the last one read, or the log
+        holds no older ones)."""
         newest = await self._get(1)
         if not newest or newest[0].id <= self.last_id:
             return
         # A little more than the gap: decisions made between the two calls.
-        fetched = await self._get(newest[0].id - self.last_id + 2)
-        fresh = [d for d in fetched if d.id > self.last_id]
+        limit = newest[0].id - self.last_id + 2
+        while True:
+            fetched = await self._get(limit)
+            fresh = [d for d in fetched if d.id > self.last_id]
+            oldest = min((d.id for d in fresh), default=self.last_id + 1)
+            if oldest <= self.last_id + 1 or len(fetched) < limit or limit >= MAX_DECISIONS_READ:
+                break
+            limit = min(2 * limit, MAX_DECISIONS_READ)
         if not fresh:
             return
-        oldest = min(d.id for d in fresh)
         self.lost += max(0, oldest - self.last_id - 1)
         for decision in fresh:
             self.decisions[decision.id] = decision
@@ -465,6 +474,9 @@ async def _measure(
 ) -> _Measured:
     """The window: CPU marks at both ends, RSS each second, decisions read as they come."""
     rss: list[float] = []
+    # The warm-up's decisions are read before the window: at a large point that reading is
+    # long, and it would lengthen the window and weigh on its figures.
+    await reader.read_new()
     load_before = os.getloadavg()[0]
     start = processes.cpu_mark(clock)
 
@@ -478,7 +490,6 @@ async def _measure(
             processes.check_alive()
             await asyncio.sleep(WATCH_S)
 
-    await reader.read_new()
     try:
         async with asyncio.timeout(settings.duration_s) as deadline:
             await _together(
