@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="run the stack under mixed load (10 minutes by default); report drift, RSS, errors",
     )
     commands.add_parser(
+        "bench-scale",
+        add_help=False,
+        help="one real control plane against many simulated gateways: its cost, decision times "
+        "and the budget at every instant, over a grid of tenants x gateways",
+    )
+    commands.add_parser(
         "bench-fidelity",
         add_help=False,
         help="run the emulator at the study's calibration points; print measured vs published",
@@ -176,6 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         from slotshift_tools.emulator.tradeoff import main as tradeoff_main
 
         return tradeoff_main(argv[1:])
+    if argv[:1] == ["bench-scale"]:
+        # The scale benchmark has its own flags (--grid, --interval-s, --dynamics, ...).
+        from slotshift_tools.scale.command import main as scale_main
+
+        return scale_main(argv[1:])
     if argv[:1] == ["soak"]:
         # The soak benchmark has its own flags (--duration-s, --out-dir, ...).
         from slotshift_tools.soak import main as soak_main

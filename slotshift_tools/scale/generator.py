@@ -1,0 +1,390 @@
+"""The load generator: processes of their own, each running several simulated gateways.
+
+Each simulated gateway holds one real `GatewayService.Connect` stream, on a channel of its own,
+and behaves as admission_gateway/control_client.py does on it:
+- first a GatewayHello: the pool, its id, applied version 0 and every tenant's usage, with the
+  static fallback split as its limits (nominal share // gateways, as a gateway configured with
+  `fallback_replicas` = G enforces before it first hears from the control plane);
+- a DemandReport every report interval (the requests move first, see dynamics.py), stamped with
+  `observed_at`; a simulated gateway does not report early when a queue starts (the real one
+  does, at most every queue_report_min_interval_s), so its message rate is the periodic one;
+- on an AllocationUpdate newer than the version applied: every tenant's limit is set, then the
+  AllocationAck (version and usage at that moment) is sent, then waiting requests are admitted
+  into raised limits. Older or repeated updates are ignored; a TenantDirectory is counted.
+
+Each process records, per gateway: every update received (when, version, decision, bytes), every
+ack (version, when sent), every report (when, bytes), the held-slot events of the budget check
+(budget.py), and its event loop's lateness. At the end it writes them to `generator-<i>.npz`
+and `generator-<i>.json` in the point's folder. It stops when the parent sets the stop event,
+or at its deadline if the parent is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import multiprocessing.synchronize
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from slotshift.aiotasks import Supervisor
+from slotshift.clock import Clock, SystemClock
+from slotshift.reconnect import STREAM_GONE
+from slotshift.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from slotshift.wire import to_timestamp
+from slotshift_tools.scale.budget import HeldLog
+from slotshift_tools.scale.dynamics import (
+    DemandSettings,
+    DemandTimeline,
+    Dynamics,
+    GatewayCells,
+    IntArray,
+)
+
+logger = logging.getLogger(__name__)
+
+STOP_POLL_S = 0.1
+"""How often a generator process looks at the parent's stop event."""
+LOOP_PROBE_S = 0.05
+"""Interval of the loop-lag probe (as the bench's harness)."""
+CHANNEL_OPTIONS = [
+    # A 10,000-tenant update or directory is hundreds of kB; the default cap is 4 MB.
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.max_send_message_length", -1),
+]
+
+_Call = grpc.aio.StreamStreamCall[gateway_pb2.GatewayMessage, gateway_pb2.ControlMessage]
+
+
+@dataclass(frozen=True)
+class GeneratorSpec:
+    """What one generator process runs (picklable: it crosses into a spawned process)."""
+
+    index: int
+    target: str
+    """host:port of the control plane's gRPC API."""
+    pool: str
+    tenants: tuple[str, ...]
+    nominal: tuple[int, ...]
+    """Each tenant's nominal share, in the pool's order."""
+    gateway_indexes: tuple[int, ...]
+    """The gateways this process runs, numbered over the whole point."""
+    gateways_total: int
+    report_interval_s: float
+    dynamics: Dynamics
+    seed: int
+    origin_wall_s: float
+    """Step 0 of the demand timeline; the same in every process."""
+    deadline_wall_s: float
+    """The process stops by then even if the parent never says so."""
+    out_dir: str
+    settings: DemandSettings = field(default_factory=DemandSettings)
+
+
+def gateway_name(index: int) -> str:
+    """The id simulated gateway `index` says in its hello."""
+    return f"scale-gw-{index:04d}"
+
+
+class Recorder:
+    """What one process's gateways record (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.held = HeldLog()
+        self.updates: list[tuple[int, float, int, int, int]] = []
+        """(gateway, received wall s, version, decision id, bytes) of each update applied."""
+        self.stale_updates = 0
+        """Updates not newer than the version applied (ignored, as the real gateway does)."""
+        self.acks: list[tuple[int, int, float, int]] = []
+        """(gateway, version, sent wall s, bytes)."""
+        self.reports: list[tuple[int, float, int]] = []
+        """(gateway, sent wall s, bytes)."""
+        self.directories: list[tuple[int, float, int]] = []
+        """(gateway, received wall s, bytes) of each TenantDirectory."""
+        self.loop_lags: list[tuple[float, float]] = []
+        """(wall s, seconds late) of each loop probe."""
+        self.errors: list[str] = []
+        """How streams ended before the stop, one line each."""
+
+
+class SimGateway:
+    """One simulated gateway on one stream (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: GeneratorSpec,
+        index: int,
+        timeline: DemandTimeline,
+        recorder: Recorder,
+        clock: Clock,
+    ) -> None:
+        self._spec = spec
+        self.index = index
+        self.gateway_id = gateway_name(index)
+        self._timeline = timeline
+        self._recorder = recorder
+        self._clock = clock
+        self._positions = {name: i for i, name in enumerate(spec.tenants)}
+        fallback = [share // spec.gateways_total for share in spec.nominal]
+        self.cells = GatewayCells(fallback, max_queued=spec.settings.max_queued)
+        self._cell_base = index * len(spec.tenants)
+        self._rng = np.random.default_rng([spec.seed, index])
+        self.applied_version = 0
+        self._last_step_wall_s: float | None = None
+
+    async def run(self) -> None:
+        """Hello, then reports and acks until cancelled; returns when the stream ends."""
+        async with grpc.aio.insecure_channel(self._spec.target, options=CHANNEL_OPTIONS) as channel:
+            stub = gateway_pb2_grpc.GatewayServiceStub(channel)
+            call: _Call = stub.Connect(None)
+            writes = asyncio.Lock()
+            tasks = Supervisor(f"scale-gateway/{self.gateway_id}")
+            try:
+                self._record_held(np.arange(len(self.cells.limit)))
+                hello = gateway_pb2.GatewayMessage(
+                    hello=gateway_pb2.GatewayHello(
+                        pool=self._spec.pool,
+                        gateway_id=self.gateway_id,
+                        applied_version=0,
+                        tenants=self._usage(),
+                    )
+                )
+                await self._write(call, writes, hello)
+                tasks.spawn("reports", self._report_periodically(call, writes), forever=False)
+                async for message in call:
+                    kind = message.WhichOneof("kind")
+                    if kind == "allocation":
+                        await self._on_allocation(call, writes, message)
+                    elif kind == "tenants":
+                        self._recorder.directories.append(
+                            (self.index, self._clock.wall(), message.ByteSize())
+                        )
+                self._recorder.errors.append(
+                    f"{self.gateway_id}: the control plane ended the stream"
+                )
+            except grpc.aio.AioRpcError as exc:
+                self._recorder.errors.append(
+                    f"{self.gateway_id}: stream failed: {exc.code().name} {exc.details()}"
+                )
+            finally:
+                await tasks.stop()
+                call.cancel()
+
+    async def _on_allocation(
+        self, call: _Call, writes: asyncio.Lock, message: gateway_pb2.ControlMessage
+    ) -> None:
+        update = message.allocation
+        received = self._clock.wall()
+        if update.version <= self.applied_version:
+            self._recorder.stale_updates += 1
+            return
+        limits = self.cells.limit.copy()
+        for tenant in update.tenants:
+            position = self._positions.get(tenant.tenant)
+            if position is not None:
+                limits[position] = tenant.limit_slots
+        before = self.cells.held()
+        self.cells.apply_limits(limits)
+        self._record_changes(before, received)
+        self.applied_version = update.version
+        self._recorder.updates.append(
+            (self.index, received, update.version, update.decision_id, message.ByteSize())
+        )
+        # As the real gateway: the ack carries the usage right after the resize, nothing awaited
+        # in between; waiting requests move into raised limits only after it.
+        ack = gateway_pb2.GatewayMessage(
+            ack=gateway_pb2.AllocationAck(
+                pool=self._spec.pool,
+                gateway_id=self.gateway_id,
+                version=update.version,
+                tenants=self._usage(),
+            )
+        )
+        await self._write(call, writes, ack)
+        self._recorder.acks.append((self.index, update.version, self._clock.wall(), ack.ByteSize()))
+        self.cells.admit()
+
+    async def _report_periodically(self, call: _Call, writes: asyncio.Lock) -> None:
+        interval = self._spec.report_interval_s
+        # Gateways start at different moments in production: spread the phases.
+        phase = random.Random(self._spec.seed * 7919 + self.index).uniform(0.0, interval)
+        next_s = self._clock.monotonic() + phase
+        while True:
+            await asyncio.sleep(max(0.0, next_s - self._clock.monotonic()))
+            # A late loop reports once and carries on from now, rather than catching up.
+            next_s = max(next_s + interval, self._clock.monotonic())
+            self.step()
+            report = gateway_pb2.GatewayMessage(
+                demand=gateway_pb2.DemandReport(
+                    pool=self._spec.pool,
+                    gateway_id=self.gateway_id,
+                    applied_version=self.applied_version,
+                    observed_at=to_timestamp(self._clock.wall()),
+                    tenants=self._usage(),
+                )
+            )
+            try:
+                await self._write(call, writes, report)
+            except STREAM_GONE:
+                return  # the stream is gone; the reader sees it too
+            self._recorder.reports.append((self.index, self._clock.wall(), report.ByteSize()))
+
+    def step(self) -> None:
+        """Move the requests to now: redraw what the dynamics say, let requests end and more
+        start; record the held-slot changes before the report that shows them is sent."""
+        spec = self._spec
+        now = self._clock.wall()
+        dt = (
+            spec.report_interval_s
+            if self._last_step_wall_s is None
+            else now - self._last_step_wall_s
+        )
+        self._last_step_wall_s = now
+        self._timeline.advance_to(int((now - spec.origin_wall_s) // spec.report_interval_s))
+        before = self.cells.held()
+        self.cells.redraw(
+            self._timeline.levels / spec.gateways_total,
+            bursting=self._timeline.bursting,
+            dynamics=spec.dynamics,
+            dt_s=dt,
+            settings=spec.settings,
+            rng=self._rng,
+        )
+        self.cells.serve(dt, mean_service_s=spec.settings.mean_service_s, rng=self._rng)
+        self._record_changes(before, now)
+
+    def _record_changes(self, before: IntArray, wall_s: float) -> None:
+        after = self.cells.held()
+        changed = np.flatnonzero(after != before)
+        self._recorder.held.record(wall_s, changed + self._cell_base, after[changed])
+
+    def _record_held(self, positions: IntArray) -> None:
+        held = self.cells.held()
+        self._recorder.held.record(self._clock.wall(), positions + self._cell_base, held[positions])
+
+    def _usage(self) -> list[common_pb2.TenantDemand]:
+        """Every tenant's usage in a real gateway's shape (the latency windows are synthetic:
+        no SLO is set at this benchmark's tenants, so the policy reads only their counts)."""
+        cells = self.cells
+        queued = cells.queued
+        rows = zip(
+            self._spec.tenants,
+            cells.in_flight.tolist(),
+            queued.tolist(),
+            cells.admitted_total.tolist(),
+            cells.completed_total.tolist(),
+            cells.limit.tolist(),
+            strict=True,
+        )
+        service_ms = self._spec.settings.mean_service_s * 1000.0
+        demands = []
+        for tenant, in_flight, waiting, admitted, completed, limit in rows:
+            count = min(completed, 1024)
+            wait_ms = 50.0 * waiting
+            demands.append(
+                common_pb2.TenantDemand(
+                    tenant=tenant,
+                    in_flight=in_flight,
+                    queued=waiting,
+                    admitted_total=admitted,
+                    completed_total=completed,
+                    limit_slots=limit,
+                    ttft=_summary(count, 150.0 + wait_ms),
+                    e2e=_summary(count, service_ms + wait_ms),
+                    queue_wait=_summary(count, wait_ms),
+                )
+            )
+        return demands
+
+    @staticmethod
+    async def _write(
+        call: _Call, writes: asyncio.Lock, message: gateway_pb2.GatewayMessage
+    ) -> None:
+        # grpc.aio allows one write in flight per call; acks and reports come from two tasks.
+        async with writes:
+            await call.write(message)
+
+
+def _summary(count: int, p50_ms: float) -> common_pb2.LatencySummary:
+    if count == 0:
+        return common_pb2.LatencySummary()
+    return common_pb2.LatencySummary(
+        count=count, p50_ms=p50_ms, p90_ms=2.0 * p50_ms, p99_ms=4.0 * p50_ms
+    )
+
+
+async def loop_lag_probe(
+    recorder: Recorder, clock: Clock, interval_s: float = LOOP_PROBE_S
+) -> None:
+    """Record how late the loop wakes from a fixed sleep, until cancelled."""
+    while True:
+        due = clock.monotonic() + interval_s
+        await asyncio.sleep(interval_s)
+        recorder.loop_lags.append((clock.wall(), max(0.0, clock.monotonic() - due)))
+
+
+async def run_generator(
+    spec: GeneratorSpec, should_stop: Callable[[], bool], clock: Clock
+) -> Recorder:
+    """Run the spec's gateways until `should_stop()` or the deadline; returns what they recorded."""
+    recorder = Recorder()
+    timeline = DemandTimeline(
+        spec.nominal,
+        spec.dynamics,
+        step_s=spec.report_interval_s,
+        seed=spec.seed,
+        settings=spec.settings,
+    )
+    tasks = Supervisor(f"scale-generator-{spec.index}")
+    tasks.spawn("loop-lag", loop_lag_probe(recorder, clock))
+    for index in spec.gateway_indexes:
+        gateway = SimGateway(spec, index, timeline, recorder, clock)
+        tasks.spawn(f"gateway/{gateway.gateway_id}", gateway.run(), forever=False)
+    try:
+        # The stop event is the parent process's (multiprocessing): it can only be polled.
+        while not should_stop() and clock.wall() < spec.deadline_wall_s:  # noqa: ASYNC110
+            await asyncio.sleep(STOP_POLL_S)
+    finally:
+        await tasks.stop()
+    recorder.errors.extend(f"{name}: {exc!r}" for name, exc in tasks.failures)
+    return recorder
+
+
+def write_recording(recorder: Recorder, out_dir: Path, index: int) -> None:
+    """`generator-<index>.npz` (arrays) and `generator-<index>.json` (the rest)."""
+    times, cells, values = recorder.held.arrays()
+    np.savez(
+        out_dir / f"generator-{index}.npz",
+        held_times=times,
+        held_cells=cells,
+        held_values=values,
+        updates=_table(recorder.updates, 5),
+        acks=_table(recorder.acks, 4),
+        reports=_table(recorder.reports, 3),
+        directories=_table(recorder.directories, 3),
+        loop_lags=_table(recorder.loop_lags, 2),
+    )
+    (out_dir / f"generator-{index}.json").write_text(
+        json.dumps({"errors": recorder.errors, "stale_updates": recorder.stale_updates}),
+        encoding="utf-8",
+    )
+
+
+def _table(rows: Sequence[Sequence[float]], width: int) -> np.ndarray:
+    """Rows as a float array of `width` columns (ids and versions are exact below 2**53)."""
+    return np.asarray(rows, dtype=np.float64).reshape(-1, width)
+
+
+def generator_main(spec: GeneratorSpec, stop: multiprocessing.synchronize.Event) -> None:
+    """A generator process's entry point (multiprocessing, spawn)."""
+    logging.basicConfig(
+        level=logging.WARNING, format=f"generator-{spec.index} %(levelname)s %(message)s"
+    )
+    recorder = asyncio.run(run_generator(spec, stop.is_set, SystemClock()))
+    write_recording(recorder, Path(spec.out_dir), spec.index)
