@@ -8,7 +8,10 @@ and behaves as admission_gateway/control_client.py does on it:
 - a DemandReport every report interval (the requests move first, see dynamics.py), stamped with
   `observed_at`; a simulated gateway does not report early when a queue starts (the real one
   does, at most every queue_report_min_interval_s), so its message rate is the periodic one;
-- on an AllocationUpdate newer than the version applied: every tenant's limit is set, then the
+- reports and acks name only the tenants whose figures changed (every tenant every 5 s), as the
+  real gateway's do;
+- on an AllocationUpdate newer than the version applied: every tenant's limit is set (a delta
+  names only the tenants that changed; a whole update gives the others 0), then the
   AllocationAck (version and usage at that moment) is sent, then waiting requests are admitted
   into raised limits. Older or repeated updates are ignored; a TenantDirectory is counted.
 
@@ -113,6 +116,10 @@ class Recorder:
         """How streams ended before the stop, one line each."""
 
 
+FULL_REPORT_INTERVAL_S = 5.0
+"""The real gateway's default `full_report_interval_s`."""
+
+
 class SimGateway:
     """One simulated gateway on one stream (see the module docstring)."""
 
@@ -137,6 +144,9 @@ class SimGateway:
         self._rng = np.random.default_rng([spec.seed, index])
         self.applied_version = 0
         self._last_step_wall_s: float | None = None
+        self._figures_sent: dict[str, bytes] = {}
+        """What the control plane holds of each tenant's figures on the open stream."""
+        self._whole_due_s = 0.0
 
     async def run(self) -> None:
         """Hello, then reports and acks until cancelled; returns when the stream ends."""
@@ -152,7 +162,7 @@ class SimGateway:
                         pool=self._spec.pool,
                         gateway_id=self.gateway_id,
                         applied_version=0,
-                        tenants=self._usage(),
+                        tenants=self._figures(whole=True)[0],
                     )
                 )
                 await self._write(call, writes, hello)
@@ -184,7 +194,8 @@ class SimGateway:
         if update.version <= self.applied_version:
             self._recorder.stale_updates += 1
             return
-        limits = self.cells.limit.copy()
+        # A whole update gives a tenant it does not name 0; a delta leaves it as it was.
+        limits = self.cells.limit.copy() if update.delta else np.zeros_like(self.cells.limit)
         for tenant in update.tenants:
             position = self._positions.get(tenant.tenant)
             if position is not None:
@@ -198,12 +209,14 @@ class SimGateway:
         )
         # As the real gateway: the ack carries the usage right after the resize, nothing awaited
         # in between; waiting requests move into raised limits only after it.
+        figures, delta = self._figures(whole=False)
         ack = gateway_pb2.GatewayMessage(
             ack=gateway_pb2.AllocationAck(
                 pool=self._spec.pool,
                 gateway_id=self.gateway_id,
                 version=update.version,
-                tenants=self._usage(),
+                tenants=figures,
+                delta=delta,
             )
         )
         await self._write(call, writes, ack)
@@ -220,13 +233,15 @@ class SimGateway:
             # A late loop reports once and carries on from now, rather than catching up.
             next_s = max(next_s + interval, self._clock.monotonic())
             self.step()
+            figures, delta = self._figures(whole=False)
             report = gateway_pb2.GatewayMessage(
                 demand=gateway_pb2.DemandReport(
                     pool=self._spec.pool,
                     gateway_id=self.gateway_id,
                     applied_version=self.applied_version,
                     observed_at=to_timestamp(self._clock.wall()),
-                    tenants=self._usage(),
+                    tenants=figures,
+                    delta=delta,
                 )
             )
             try:
@@ -267,6 +282,24 @@ class SimGateway:
     def _record_held(self, positions: IntArray) -> None:
         held = self.cells.held()
         self._recorder.held.record(self._clock.wall(), positions + self._cell_base, held[positions])
+
+    def _figures(self, *, whole: bool) -> tuple[list[common_pb2.TenantDemand], bool]:
+        """As the real gateway (admission_gateway/control_client.py): only the tenants whose
+        figures changed since the last message on the stream (a delta), and every tenant on a
+        new stream and once per FULL_REPORT_INTERVAL_S."""
+        usage = self._usage()
+        now = self._clock.monotonic()
+        if whole or now >= self._whole_due_s:
+            self._figures_sent = {d.tenant: d.SerializeToString() for d in usage}
+            self._whole_due_s = now + FULL_REPORT_INTERVAL_S
+            return usage, False
+        changed = []
+        for demand in usage:
+            encoded = demand.SerializeToString()
+            if self._figures_sent.get(demand.tenant) != encoded:
+                self._figures_sent[demand.tenant] = encoded
+                changed.append(demand)
+        return changed, True
 
     def _usage(self) -> list[common_pb2.TenantDemand]:
         """Every tenant's usage in a real gateway's shape (the latency windows are synthetic:

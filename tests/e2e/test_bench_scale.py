@@ -76,7 +76,8 @@ def test_a_tiny_point_has_every_figure_holds_the_budget_and_decides(tmp_path: Pa
 
     decisions = point["decisions"]
     assert decisions["made"] >= 3, "a decision every 2 s over 8 s"
-    assert decisions["period_triggered"] >= 3
+    # A fast-path decision restarts the period, so not every one of them is the period's.
+    assert decisions["period_triggered"] >= 1
     assert decisions["duration"]["count"] == decisions["made"]
     assert decisions["duration"]["p99_ms"] >= decisions["duration"]["p50_ms"] > 0
     assert decisions["lost_from_log"] == 0

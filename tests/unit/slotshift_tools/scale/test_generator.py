@@ -135,8 +135,14 @@ async def test_hello_acks_and_reports_follow_the_real_gateways_protocol(
     assert reports, "reports every interval"
     last = reports[-1].demand
     assert last.observed_at.seconds > 0
-    assert [t.tenant for t in last.tenants] == list(TENANTS)
-    for tenant in last.tenants:
+    assert all(r.demand.delta for r in reports), "within 5 s of the hello, every report is a delta"
+    # The figures as the control plane holds them: the hello's, then each message's changes.
+    held = {t.tenant: t for t in hello.hello.tenants}
+    for message in stand_in.received[1:]:
+        carrier = message.demand if message.HasField("demand") else message.ack
+        held.update({t.tenant: t for t in carrier.tenants})
+    assert list(held) == list(TENANTS)
+    for tenant in held.values():
         assert tenant.queued <= 8
         assert tenant.admitted_total >= tenant.completed_total + tenant.in_flight - 3
 
