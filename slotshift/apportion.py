@@ -10,6 +10,7 @@ no I/O and reads no clock.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -71,11 +72,19 @@ def apportion(total: int, claims: Sequence[Claim]) -> list[int]:
 
 
 def nominal_shares(pool: PoolConfig) -> dict[str, int]:
-    """Each tenant's nominal share of the pool's budget: by weight, within its floor and ceiling."""
-    claims = [Claim(t.floor_slots, pool.ceiling_of(t), t.weight) for t in pool.tenants]
-    return dict(
-        zip((t.name for t in pool.tenants), apportion(pool.budget_slots, claims), strict=True)
-    )
+    """Each tenant's nominal share of the pool's budget: by weight, within its floor and ceiling.
+    A fresh dict each call (callers may change it)."""
+    names = tuple(t.name for t in pool.tenants)
+    claims = tuple(Claim(t.floor_slots, pool.ceiling_of(t), t.weight) for t in pool.tenants)
+    return dict(zip(names, _shares(pool.budget_slots, claims), strict=True))
+
+
+@functools.lru_cache(maxsize=32)
+def _shares(budget: int, claims: tuple[Claim, ...]) -> tuple[int, ...]:
+    # Every decision, reserve check and pause level asks for the nominal shares of a config
+    # that changes only through the admin API: a pool of 1,000 tenants paid 5 ms each time.
+    # Pure and keyed by value, so a memo of the last few configs is safe to share.
+    return tuple(apportion(budget, claims))
 
 
 def _check(total: int, claims: Sequence[Claim]) -> None:

@@ -45,7 +45,7 @@ response and sent its next request, so that step runs without the slot; vLLM beh
 
 
 @dataclass(frozen=True)
-class TenantLoad:
+class ClosedLoopLoad:
     """One tenant's closed-loop load: `in_flight` clients, each refilled at once on completion."""
 
     tenant: str
@@ -60,7 +60,7 @@ class CalibrationPoint:
     """A measured scenario: the load, the output throughput measured, and where it is from."""
 
     scenario: str
-    tenants: tuple[TenantLoad, ...]
+    tenants: tuple[ClosedLoopLoad, ...]
     published_output_tokens_per_s: float
     source: str
 
@@ -68,14 +68,14 @@ class CalibrationPoint:
 CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
     CalibrationPoint(
         scenario="batch-48",
-        tenants=(TenantLoad("B", 48, BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS),),
+        tenants=(ClosedLoopLoad("B", 48, BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS),),
         published_output_tokens_per_s=6557.0,
         source="SEED.md: tenant B throughput under static {A:48, B:48}; REFERENCES.md reads it "
         "as the batch tenant at 48 in flight, 7.32 ms per decode step",
     ),
     CalibrationPoint(
         scenario="batch-92",
-        tenants=(TenantLoad("B", 92, BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS),),
+        tenants=(ClosedLoopLoad("B", 92, BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS),),
         published_output_tokens_per_s=7736.0,
         source="SEED.md: tenant B throughput under the dynamic policy (final caps {A:4, B:92}); "
         "REFERENCES.md: 92 in flight, 11.89 ms per step",
@@ -83,8 +83,8 @@ CALIBRATION_POINTS: tuple[CalibrationPoint, ...] = (
     CalibrationPoint(
         scenario="mixed-48-48",
         tenants=(
-            TenantLoad("A", 48, INTERACTIVE_PROMPT_TOKENS, INTERACTIVE_OUTPUT_TOKENS),
-            TenantLoad("B", 48, BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS),
+            ClosedLoopLoad("A", 48, INTERACTIVE_PROMPT_TOKENS, INTERACTIVE_OUTPUT_TOKENS),
+            ClosedLoopLoad("B", 48, BATCH_PROMPT_TOKENS, BATCH_OUTPUT_TOKENS),
         ),
         published_output_tokens_per_s=9894.0,
         source="SEED.md: total throughput under static {A:48, B:48}; REFERENCES.md: 96 in "

@@ -44,7 +44,7 @@ from slotshift.config import EngineSimConfig
 from slotshift_tools.emulator.calibration import (
     CALIBRATION_POINTS,
     CalibrationPoint,
-    TenantLoad,
+    ClosedLoopLoad,
     modelled_output_tokens_per_s,
 )
 from slotshift_tools.metrics_scrape import scrape_samples, summed
@@ -262,7 +262,7 @@ def _result(
     )
 
 
-def _phase_tokens(load: TenantLoad, index: int) -> int:
+def _phase_tokens(load: ClosedLoopLoad, index: int) -> int:
     # Clients started together would finish together and the batch would breathe in lockstep;
     # spreading their first requests' phases evenly gives the steady state at once.
     return (index * load.output_tokens) // load.in_flight
@@ -272,7 +272,7 @@ async def _closed_loop_client(
     session: aiohttp.ClientSession,
     url: str,
     model: str,
-    load: TenantLoad,
+    load: ClosedLoopLoad,
     phase_tokens: int,
     tally: _Tally,
     *,

@@ -113,22 +113,28 @@ class AckTimes:
 def acknowledged_latencies(
     decisions: Iterable[DecisionTimes], acks: Mapping[str, AckTimes], window: Window
 ) -> tuple[list[float], int]:
-    """Seconds from each published decision in the window to its version (or a later one)
-    acknowledged by every gateway; and how many published decisions of the window some gateway
-    had not acknowledged by the end of the run."""
+    """Seconds from each published decision in the window until every gateway it changed has
+    acknowledged it; and how many published decisions of the window changed no gateway's
+    limits before the next one (or by the end of the run).
+
+    The control plane sends a version only to the gateways whose part changed, and may carry a
+    decision's change in a later re-grant (as slots drain). So a decision at version v, the next
+    published one at v', is acknowledged at a gateway by its first ack of a version in [v, v');
+    a gateway with none needed nothing from it.
+    """
+    published = sorted((d for d in decisions if d.outcome == PUBLISHED), key=lambda d: d.version)
     latencies: list[float] = []
     unacknowledged = 0
-    for decision in decisions:
-        if decision.outcome != PUBLISHED or not window.holds(decision.decided_at_wall_s):
+    for decision, following in itertools.zip_longest(published, published[1:]):
+        if not window.holds(decision.decided_at_wall_s):
             continue
+        upto = math.inf if following is None else following.version
         latest = -math.inf
         for times in acks.values():
             index = int(np.searchsorted(times.versions, decision.version, side="left"))
-            if index >= len(times.versions):
-                latest = math.inf
-                break
-            latest = max(latest, float(times.sent_wall_s[index]))
-        if not acks or math.isinf(latest):
+            if index < len(times.versions) and times.versions[index] < upto:
+                latest = max(latest, float(times.sent_wall_s[index]))
+        if math.isinf(latest):
             unacknowledged += 1
             continue
         # An ack a hair before decided_at is the same instant seen by two processes: 0.

@@ -15,7 +15,7 @@ from slotshift_tools.emulator.calibration import (
     CALIBRATION_POINTS,
     REFILL_GAP_STEPS,
     CalibrationPoint,
-    TenantLoad,
+    ClosedLoopLoad,
     steady_batch,
 )
 from slotshift_tools.emulator.step_fit import fit_step_costs, residuals
@@ -23,7 +23,7 @@ from slotshift_tools.emulator.step_fit import fit_step_costs, residuals
 STORED = PROFILES[DEFAULT_PROFILE].step
 
 
-def point(*tenants: TenantLoad, published: float = 1000.0) -> CalibrationPoint:
+def point(*tenants: ClosedLoopLoad, published: float = 1000.0) -> CalibrationPoint:
     return CalibrationPoint("p", tenants, published, "test")
 
 
@@ -31,7 +31,7 @@ def test_the_steady_batch_averages_one_slot_cycle() -> None:
     # 10 slots, 4-token prompts, 3 output tokens, one empty step per cycle of 4 steps:
     # contexts 4, 5, 6 and an empty step -> 3 of 4 steps busy, 15 context tokens per cycle.
     assert REFILL_GAP_STEPS == 1
-    batch = steady_batch(point(TenantLoad("t", 10, prompt_tokens=4, output_tokens=3)))
+    batch = steady_batch(point(ClosedLoopLoad("t", 10, prompt_tokens=4, output_tokens=3)))
     assert batch.num_seqs == pytest.approx(7.5)
     assert batch.context_tokens == pytest.approx(10 * 15 / 4)
     assert batch.prefill_tokens == pytest.approx(10 * 4 / 4)
@@ -66,7 +66,7 @@ def test_the_fit_recovers_known_costs_from_more_points_than_unknowns() -> None:
         base_ms=3.0, per_seq_ms=0.05, per_context_token_us=0.2, per_prefill_token_us=10
     )
     loads = [
-        (TenantLoad("x", n, prompt, out),)
+        (ClosedLoopLoad("x", n, prompt, out),)
         for n, prompt, out in ((8, 32, 64), (32, 128, 256), (64, 16, 16), (96, 512, 128))
     ]
     shapes = [point(*load) for load in loads]
@@ -109,7 +109,7 @@ def test_the_fit_refuses_a_negative_cost() -> None:
 def closed_loop_throughput(calibration: CalibrationPoint, steps: int, skip: int) -> float:
     """Drive the pure core as the emulator's clients do: refills arrive one step late."""
     core, clock = EngineCore(EngineSimConfig()), ManualClock()
-    loads: dict[str, TenantLoad] = {}
+    loads: dict[str, ClosedLoopLoad] = {}
     for load in calibration.tenants:
         for index in range(load.in_flight):
             request_id = f"{load.tenant}{index}-0"

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from slotshift_tools.emulator.calibration import CalibrationPoint, TenantLoad
+from slotshift_tools.emulator.calibration import CalibrationPoint, ClosedLoopLoad
 from slotshift_tools.emulator.fidelity import FidelityResult, format_table, main, run_fidelity
 
 SMALL = CalibrationPoint(
     scenario="small",
-    tenants=(TenantLoad("A", 4, 16, 8), TenantLoad("B", 8, 32, 64)),
+    tenants=(ClosedLoopLoad("A", 4, 16, 8), ClosedLoopLoad("B", 8, 32, 64)),
     published_output_tokens_per_s=1000.0,
     source="test",
 )

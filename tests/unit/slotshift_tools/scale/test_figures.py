@@ -91,7 +91,7 @@ def acks(versions: list[int], sent: list[float]) -> AckTimes:
     return AckTimes(np.array(versions, dtype=np.int64), np.array(sent, dtype=np.float64))
 
 
-def test_a_decision_is_acknowledged_when_the_last_gateway_acks_it_or_a_later_version() -> None:
+def test_a_decision_is_acknowledged_when_the_last_gateway_acks_a_version_of_its_range() -> None:
     decisions = [decision(1, 101.0, version=5), decision(2, 103.0, version=8)]
     gateways = {
         "0": acks([5, 8], [101.010, 103.020]),
@@ -103,9 +103,18 @@ def test_a_decision_is_acknowledged_when_the_last_gateway_acks_it_or_a_later_ver
     assert unacknowledged == 0
 
 
-def test_a_decision_some_gateway_never_acknowledged_is_counted_apart() -> None:
+def test_a_gateway_with_no_update_in_a_decisions_range_needed_nothing_from_it() -> None:
+    decisions = [decision(1, 101.0, version=5), decision(2, 102.0, version=7)]
+    # Gateway 1's part did not change under decision 1: its next ack is decision 2's.
+    gateways = {"0": acks([5, 6], [101.01, 101.5]), "1": acks([4, 7], [100.5, 102.2])}
+    latencies, unacknowledged = acknowledged_latencies(decisions, gateways, WINDOW)
+    assert latencies == pytest.approx([0.01, 0.2])
+    assert unacknowledged == 0
+
+
+def test_a_decision_no_gateway_acknowledged_is_counted_apart() -> None:
     decisions = [decision(1, 101.0, version=5), decision(2, 102.0, outcome="held", version=6)]
-    gateways = {"0": acks([5], [101.01]), "1": acks([4], [100.5])}
+    gateways = {"0": acks([4], [100.5]), "1": acks([4], [100.5])}
     latencies, unacknowledged = acknowledged_latencies(decisions, gateways, WINDOW)
     assert latencies == []
     assert unacknowledged == 1, "held decisions publish nothing and are not counted"
