@@ -84,7 +84,11 @@ def decision_attributes(
 def describe(
     span: trace.Span, record: DecisionRecord, pool: PoolConfig, limits_before: Mapping[str, int]
 ) -> None:
-    """Set the decision's attributes on its span, and an error status if it was rejected."""
+    """Set the decision's attributes on its span, and an error status if it was rejected.
+    Nothing is built for a span that is not recorded (tracing off): at 10,000 tenants the
+    attributes cost tens of milliseconds a decision."""
+    if not span.is_recording():
+        return
     span.set_attributes(decision_attributes(record, pool, limits_before))
     if record.outcome is DecisionOutcome.REJECTED:
         span.set_status(trace.StatusCode.ERROR, record.reason)

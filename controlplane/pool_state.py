@@ -150,14 +150,19 @@ class _GatewayRecord:
         index: Mapping[str, int],
         *,
         delta: bool = False,
+        replaced: Callable[[TenantDemand | None, TenantDemand | None], None] | None = None,
     ) -> None:
         """Hold `demand` (of the tenants in `index`) as this gateway's figures, observed at
         `observed_at_wall_s`: all of them (a tenant not named has none), or with `delta` only the
         named tenants' (the others stand). Always the newest: one session is one gRPC stream,
         which delivers in order, so an earlier stamp means the gateway's clock stepped back, not
         an old message (dropping it would freeze the gateway's demand until its clock caught
-        up). Costs about the number of tenants named."""
+        up). Costs about the number of tenants named; `replaced` hears of every figure that
+        leaves (old, None), comes (None, new) or changes (old, new)."""
         if not delta:
+            if replaced is not None:
+                for gone in self.demand.values():
+                    replaced(gone, None)
             self.demand = {}
             self.in_flight = _zeros(len(index))
             self.queued = _zeros(len(index))
@@ -172,6 +177,8 @@ class _GatewayRecord:
                 self.output_tokens_total -= before.output_tokens_total
                 self.waste_tokens_total -= before.waste_tokens_total
             held[figures.tenant] = figures
+            if replaced is not None:
+                replaced(before, figures)
             self.in_flight[column] = figures.in_flight
             self.queued[column] = figures.queued
             self.output_tokens_total += figures.output_tokens_total
@@ -266,6 +273,7 @@ class PoolState:
         self.tenants: tuple[str, ...] = tuple(t.name for t in pool.tenants)
         """The columns of every gateway's rows: the pool's tenants, then the draining ones."""
         self._index = {name: column for column, name in enumerate(self.tenants)}
+        self._loads = _PoolLoads(t.name for t in pool.tenants)
         self.allocation = Allocation(
             pool=pool.name,
             version=0,
@@ -318,9 +326,10 @@ class PoolState:
         previous = self._gateways.get(gateway_id)
         if previous is not None:
             previous.session.mailbox.close()
+            self._forget_figures(previous)
         record = _GatewayRecord(gateway_id, session, len(self.tenants))
         record.applied_version = applied_version
-        record.take_figures(demand, observed_at_wall_s, self._index)
+        record.take_figures(demand, observed_at_wall_s, self._index, replaced=self._loads.replaced)
         # What it enforces is what it says it enforces; limits sent to an earlier connection
         # and perhaps not yet applied still count.
         for name, figures in record.demand.items():
@@ -356,7 +365,9 @@ class PoolState:
         record = self._live(session)
         if record is None:
             return False
-        record.take_figures(demand, observed_at_wall_s, self._index, delta=delta)
+        record.take_figures(
+            demand, observed_at_wall_s, self._index, delta=delta, replaced=self._loads.replaced
+        )
         record.enforcing(applied_version)
         # Kept for the version itself: should its acknowledgement still come, the push latency
         # is measured.
@@ -402,7 +413,9 @@ class PoolState:
         latency = None if sent_at is None else self._clock.monotonic() - sent_at
         record.enforcing(version)
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
-        record.take_figures(demand, observed_at_wall_s, self._index, delta=delta)
+        record.take_figures(
+            demand, observed_at_wall_s, self._index, delta=delta, replaced=self._loads.replaced
+        )
         self._changed()
         return latency
 
@@ -444,7 +457,7 @@ class PoolState:
             if not g.connected and g.lease_expires_at_s is not None and g.lease_expires_at_s <= now
         ]
         for gateway_id in expired:
-            del self._gateways[gateway_id]
+            self._forget_figures(self._gateways.pop(gateway_id))
             logger.info("lease of gateway %s expired; its slots are free", gateway_id)
         if expired:
             self.reconcile(resplit=True)
@@ -511,6 +524,11 @@ class PoolState:
         self.reconcile(resplit=True, force_publish=True)
         return self.config_version
 
+    def _forget_figures(self, record: _GatewayRecord) -> None:
+        """A gateway's figures stop counting in the pool's loads."""
+        for figures in record.demand.values():
+            self._loads.replaced(figures, None)
+
     def _set_tenants(self, tenants: tuple[str, ...]) -> None:
         """The columns of every row become `tenants` (the pool's, then the draining ones)."""
         if tenants == self.tenants:
@@ -523,6 +541,11 @@ class PoolState:
         self._queued_before = queued_before
         self.tenants = tenants
         self._index = {name: column for column, name in enumerate(tenants)}
+        # The policy's tenants changed (a config change, a drained tenant): sum afresh.
+        self._loads = _PoolLoads(t.name for t in self.pool.tenants)
+        for record in self._gateways.values():
+            for figures in record.demand.values():
+                self._loads.replaced(None, figures)
 
     # Telemetry ----------------------------------------------------------------------------
 
@@ -540,29 +563,7 @@ class PoolState:
         """What a policy sees now: tenant load summed over the gateways that may hold slots, with
         the age of the oldest figures in each sum."""
         now_wall_s = self._clock.wall()
-        reported: dict[str, list[TenantDemand]] = {t.name: [] for t in self.pool.tenants}
-        oldest: dict[str, float] = {}
-        for record in self._gateways.values():
-            observed = record.observed_at_wall_s
-            for name, figures in record.demand.items():
-                if name not in reported:
-                    continue  # draining
-                reported[name].append(figures)
-                if observed is not None and observed < oldest.get(name, observed + 1.0):
-                    oldest[name] = observed
-        loads: dict[str, TenantLoad] = {}
-        for name, demands in reported.items():
-            loads[name] = TenantLoad(
-                in_flight=sum(d.in_flight for d in demands),
-                queued=sum(d.queued for d in demands),
-                ttft=_merge([d.ttft for d in demands]),
-                e2e=_merge([d.e2e for d in demands]),
-                admitted_total=sum(d.admitted_total for d in demands),
-                completed_total=sum(d.completed_total for d in demands),
-                rejected_total=sum(d.rejected_total for d in demands),
-                # Two hosts' clocks: an age below 0 is skew, not news from the future.
-                demand_age_s=max(0.0, now_wall_s - oldest[name]) if name in oldest else None,
-            )
+        loads = self._loads.loads(self._gateways.values(), now_wall_s)
         return PoolSnapshot(
             now_s=self._clock.monotonic(),
             tenants=loads,
@@ -773,16 +774,135 @@ def _rows(rows: list[Row], tenants: int) -> Row2:
     return np.stack(rows)
 
 
-def _merge(latencies: list[LatencySummary]) -> LatencySummary:
-    """Percentiles of several gateways' windows: p50 weighted by count, p90 and p99 the worst
-    (windows cannot be merged exactly without their samples; the tail errs on the safe side)."""
-    known = [lat for lat in latencies if lat.count > 0]
-    if not known:
-        return LatencySummary()
-    count = sum(lat.count for lat in known)
-    return LatencySummary(
-        count=count,
-        p50_ms=sum(lat.p50_ms * lat.count for lat in known) / count,
-        p90_ms=max(lat.p90_ms for lat in known),
-        p99_ms=max(lat.p99_ms for lat in known),
+class _PoolLoads:
+    """Each pool tenant's figures summed over the gateways, kept up as figures come and go, so
+    that a snapshot costs about the tenants whose figures changed since the last one.
+
+    Latency windows cannot be merged exactly without their samples: the p50 is weighted by
+    count, the p90 and p99 are the worst (the tail errs on the safe side). Sums are updated as
+    figures change; the worst, which no subtraction can undo, is recomputed at the next
+    snapshot for the tenants whose figures changed."""
+
+    def __init__(self, tenants: Iterable[str]) -> None:
+        self._sums = {name: _Sums() for name in tenants}
+        self._stale: set[str] = set(self._sums)
+        """Tenants whose worst latencies must be recomputed."""
+        self._worst: dict[str, tuple[float, float, float, float]] = {}
+        """tenant -> worst (ttft p90, ttft p99, e2e p90, e2e p99) over its gateways."""
+
+    def replaced(self, old: TenantDemand | None, new: TenantDemand | None) -> None:
+        """A gateway's figure of one tenant left (new None), came (old None) or changed."""
+        figures = new if new is not None else old
+        if figures is None:
+            return
+        sums = self._sums.get(figures.tenant)
+        if sums is None:
+            return  # a draining tenant: not in the policy's view
+        if old is not None:
+            sums.add(old, -1)
+        if new is not None:
+            sums.add(new, 1)
+        self._stale.add(figures.tenant)
+
+    def loads(self, records: Iterable[_GatewayRecord], now_wall_s: float) -> dict[str, TenantLoad]:
+        """Every pool tenant's load now."""
+        records = list(records)
+        for name in self._stale:
+            worst = [0.0, 0.0, 0.0, 0.0]
+            for record in records:
+                figures = record.demand.get(name)
+                if figures is None:
+                    continue
+                if figures.ttft.count > 0:
+                    worst[0] = max(worst[0], figures.ttft.p90_ms)
+                    worst[1] = max(worst[1], figures.ttft.p99_ms)
+                if figures.e2e.count > 0:
+                    worst[2] = max(worst[2], figures.e2e.p90_ms)
+                    worst[3] = max(worst[3], figures.e2e.p99_ms)
+            self._worst[name] = (worst[0], worst[1], worst[2], worst[3])
+        self._stale.clear()
+        oldest = _oldest_observed(records, len(self._sums))
+        return {
+            name: sums.load(self._worst.get(name, (0.0, 0.0, 0.0, 0.0)), oldest(name), now_wall_s)
+            for name, sums in self._sums.items()
+        }
+
+
+def _oldest_observed(records: list[_GatewayRecord], tenants: int) -> Callable[[str], float | None]:
+    """tenant -> when the oldest figures of it were observed, over the gateways holding any.
+    A gateway whose figures name every tenant counts for all without a walk over them."""
+    everyone: float | None = None
+    partial: dict[str, float] = {}
+    for record in records:
+        observed = record.observed_at_wall_s
+        if observed is None or not record.demand:
+            continue
+        if len(record.demand) >= tenants:
+            everyone = observed if everyone is None else min(everyone, observed)
+            continue
+        for name in record.demand:
+            held = partial.get(name)
+            partial[name] = observed if held is None else min(held, observed)
+
+    def oldest(name: str) -> float | None:
+        held = partial.get(name)
+        if held is None:
+            return everyone
+        return held if everyone is None else min(held, everyone)
+
+    return oldest
+
+
+class _Sums:
+    """One tenant's additive figures summed over gateways."""
+
+    __slots__ = (
+        "admitted",
+        "completed",
+        "e2e_count",
+        "e2e_weighted",
+        "in_flight",
+        "queued",
+        "rejected",
+        "ttft_count",
+        "ttft_weighted",
     )
+
+    def __init__(self) -> None:
+        self.in_flight = self.queued = self.admitted = self.completed = self.rejected = 0
+        self.ttft_count = self.e2e_count = 0
+        self.ttft_weighted = self.e2e_weighted = 0.0
+
+    def add(self, figures: TenantDemand, sign: int) -> None:
+        self.in_flight += sign * figures.in_flight
+        self.queued += sign * figures.queued
+        self.admitted += sign * figures.admitted_total
+        self.completed += sign * figures.completed_total
+        self.rejected += sign * figures.rejected_total
+        if figures.ttft.count > 0:
+            self.ttft_count += sign * figures.ttft.count
+            self.ttft_weighted += sign * figures.ttft.p50_ms * figures.ttft.count
+        if figures.e2e.count > 0:
+            self.e2e_count += sign * figures.e2e.count
+            self.e2e_weighted += sign * figures.e2e.p50_ms * figures.e2e.count
+
+    def load(
+        self, worst: tuple[float, float, float, float], oldest: float | None, now_wall_s: float
+    ) -> TenantLoad:
+        return TenantLoad(
+            in_flight=self.in_flight,
+            queued=self.queued,
+            ttft=_summary(self.ttft_count, self.ttft_weighted, worst[0], worst[1]),
+            e2e=_summary(self.e2e_count, self.e2e_weighted, worst[2], worst[3]),
+            admitted_total=self.admitted,
+            completed_total=self.completed,
+            rejected_total=self.rejected,
+            # Two hosts' clocks: an age below 0 is skew, not news from the future.
+            demand_age_s=None if oldest is None else max(0.0, now_wall_s - oldest),
+        )
+
+
+def _summary(count: int, weighted: float, p90_ms: float, p99_ms: float) -> LatencySummary:
+    if count <= 0:
+        return LatencySummary()
+    return LatencySummary(count=count, p50_ms=weighted / count, p90_ms=p90_ms, p99_ms=p99_ms)

@@ -10,8 +10,8 @@ no I/O and reads no clock.
 from __future__ import annotations
 
 import bisect
-import functools
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,17 +74,39 @@ def apportion(total: int, claims: Sequence[Claim]) -> list[int]:
 def nominal_shares(pool: PoolConfig) -> dict[str, int]:
     """Each tenant's nominal share of the pool's budget: by weight, within its floor and ceiling.
     A fresh dict each call (callers may change it)."""
-    names = tuple(t.name for t in pool.tenants)
-    claims = tuple(Claim(t.floor_slots, pool.ceiling_of(t), t.weight) for t in pool.tenants)
-    return dict(zip(names, _shares(pool.budget_slots, claims), strict=True))
+    return dict(_NOMINAL_MEMO.shares(pool))
 
 
-@functools.lru_cache(maxsize=32)
-def _shares(budget: int, claims: tuple[Claim, ...]) -> tuple[int, ...]:
-    # Every decision, reserve check and pause level asks for the nominal shares of a config
-    # that changes only through the admin API: a pool of 1,000 tenants paid 5 ms each time.
-    # Pure and keyed by value, so a memo of the last few configs is safe to share.
-    return tuple(apportion(budget, claims))
+class _NominalMemo:
+    """The nominal shares of the last few pool configs, by identity.
+
+    Every decision, reserve check and pause level asks for the nominal shares of a config that
+    changes only through the admin API; at 10,000 tenants computing them (or even building a
+    key from the tenants) costs tens of milliseconds. A config is immutable, so its shares never
+    change; a copy (`model_copy`) is a new object and is computed afresh. Pure, bounded, and
+    holding nothing but configs and their shares, so one memo serves the process.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._entries: OrderedDict[int, tuple[PoolConfig, dict[str, int]]] = OrderedDict()
+
+    def shares(self, pool: PoolConfig) -> dict[str, int]:
+        entry = self._entries.get(id(pool))
+        if entry is not None and entry[0] is pool:
+            self._entries.move_to_end(id(pool))
+            return entry[1]
+        claims = [Claim(t.floor_slots, pool.ceiling_of(t), t.weight) for t in pool.tenants]
+        shares = dict(
+            zip((t.name for t in pool.tenants), apportion(pool.budget_slots, claims), strict=True)
+        )
+        self._entries[id(pool)] = (pool, shares)
+        while len(self._entries) > self._size:
+            self._entries.popitem(last=False)
+        return shares
+
+
+_NOMINAL_MEMO = _NominalMemo(size=16)
 
 
 def _check(total: int, claims: Sequence[Claim]) -> None:

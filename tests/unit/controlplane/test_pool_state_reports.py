@@ -17,7 +17,7 @@ from controlplane.pool_state import PoolState
 from controlplane.service import convert
 from controlplane.service.query_service import AllocationQueryService
 from slotshift.clock import ManualClock
-from slotshift.demand import TenantDemand
+from slotshift.demand import LatencySummary, TenantDemand
 from slotshift.v1 import query_pb2
 from tests.unit.controlplane.test_pool_state import POOL, SimGateway, _state
 
@@ -264,3 +264,70 @@ def test_delta_figures_keep_the_pools_token_counters_exact() -> None:
     figures["B"] = TenantDemand("B", output_tokens_total=2_000, waste_tokens_total=50)
     state.record_demand(session, 0, [figures["B"]], delta=True)
     assert state.waste_percent() == pytest.approx(5.0)
+
+
+def _loads_from_scratch(state: PoolState) -> dict[str, tuple[int, int, int, int, int, int]]:
+    """What the snapshot must say, summed afresh from every gateway's held figures."""
+    result = {}
+    for tenant in state.pool.tenants:
+        held = [r.demand[tenant.name] for r in state._gateways.values() if tenant.name in r.demand]
+        ttft = [d.ttft for d in held if d.ttft.count > 0]
+        result[tenant.name] = (
+            sum(d.in_flight for d in held),
+            sum(d.queued for d in held),
+            sum(d.admitted_total for d in held),
+            sum(d.ttft.count for d in held if d.ttft.count > 0),
+            int(max((lat.p99_ms for lat in ttft), default=0.0)),
+            round(sum(lat.p50_ms * lat.count for lat in ttft)),
+        )
+    return result
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_snapshots_sums_equal_a_sum_from_scratch(seed: int) -> None:
+    rng = random.Random(seed)
+    clock = ManualClock()
+    state = _state(clock)
+    sessions = {g: state.connect_gateway(g, 0, []) for g in ("gw1", "gw2", "gw3")}
+    for _ in range(400):
+        gateway = rng.choice(sorted(sessions))
+        figures = [
+            TenantDemand(
+                t,
+                in_flight=rng.randint(0, 9),
+                queued=rng.randint(0, 9),
+                admitted_total=rng.randint(0, 99),
+                ttft=LatencySummary(
+                    rng.randint(0, 3),
+                    float(rng.randint(1, 9) * 10),
+                    0.0,
+                    float(rng.randint(1, 9) * 100),
+                ),
+            )
+            for t in ("A", "B")
+            if rng.random() < 0.7
+        ]
+        action = rng.random()
+        if action < 0.45:
+            state.record_demand(sessions[gateway], 0, figures, delta=True)
+        elif action < 0.8:
+            state.record_demand(sessions[gateway], 0, figures)
+        elif action < 0.9:
+            state.disconnect_gateway(sessions[gateway])
+            clock.advance(10.0)
+            state.expire_leases()
+            sessions[gateway] = state.connect_gateway(gateway, 0, figures)
+        else:
+            sessions[gateway] = state.connect_gateway(gateway, 0, figures)  # a reconnect
+        got = {
+            name: (
+                load.in_flight,
+                load.queued,
+                load.admitted_total,
+                load.ttft.count,
+                int(load.ttft.p99_ms),
+                round(load.ttft.p50_ms * load.ttft.count),
+            )
+            for name, load in state.snapshot().tenants.items()
+        }
+        assert got == _loads_from_scratch(state)
