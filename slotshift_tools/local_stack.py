@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -173,7 +174,10 @@ class LocalStack:
             )
         cp = config.controlplane
         await self._start(
-            "controlplane", [], _grpc_serving(f"{cp.grpc_host}:{cp.grpc_port}"), timeout_s
+            "controlplane",
+            [],
+            functools.partial(grpc_serving, f"{cp.grpc_host}:{cp.grpc_port}"),
+            timeout_s,
         )
         for index, port in enumerate(config.local_stack.gateway_ports):
             await self._start(
@@ -368,17 +372,15 @@ def _http_ok(url: str) -> Callable[[], Awaitable[bool]]:
     return check
 
 
-def _grpc_serving(target: str) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        async with grpc.aio.insecure_channel(target) as channel:
-            stub = health_pb2_grpc.HealthStub(channel)
-            try:
-                reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-            except grpc.aio.AioRpcError:
-                return False
-            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
-
-    return check
+async def grpc_serving(target: str) -> bool:
+    """Whether the gRPC server at `target` answers its health check SERVING (within 1 s)."""
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        except grpc.aio.AioRpcError:
+            return False
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 async def run_local_stack(

@@ -40,7 +40,6 @@ from typing import Any
 import grpc
 import numpy as np
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
@@ -48,6 +47,7 @@ from slotshift.config import SlotshiftConfig, apply_overrides, parse_config, par
 from slotshift.v1 import query_pb2, query_pb2_grpc
 from slotshift.wire import from_timestamp
 from slotshift_tools.bench.summary import DISTURBED_LOOP_LAG_P99_MS
+from slotshift_tools.local_stack import grpc_serving
 from slotshift_tools.scale import procfs
 from slotshift_tools.scale.budget import check_budget
 from slotshift_tools.scale.dynamics import DemandSettings, Dynamics
@@ -274,7 +274,7 @@ class _Processes:
                 *argv, stdout=log, stderr=asyncio.subprocess.STDOUT, start_new_session=True
             )
         deadline = asyncio.get_running_loop().time() + self.settings.ready_timeout_s
-        while not await _serving(target):
+        while not await grpc_serving(target):
             if self.controlplane.returncode is not None:
                 raise PointError(
                     f"the control plane exited with status {self.controlplane.returncode} while "
@@ -348,16 +348,6 @@ class _Processes:
         if not self.stop_generators.is_set() or any(p.is_alive() for p in self.generators):
             await self.stop_generator_processes()
         await self.stop_controlplane()
-
-
-async def _serving(target: str) -> bool:
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        try:
-            reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-        except grpc.aio.AioRpcError:
-            return False
-        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 async def run_point(settings: PointSettings, out_dir: Path, clock: Clock) -> dict[str, Any]:

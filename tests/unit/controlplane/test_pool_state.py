@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -85,6 +86,45 @@ def _state(
     return state
 
 
+def random_walk(
+    rng: random.Random,
+    state: PoolState,
+    loop: DecisionLoop,
+    gateways: Sequence[SimGateway],
+    *,
+    steps: int,
+    arrivals: int,
+    completions_below: float = 0.75,
+    decision_gaps_s: Sequence[float] = (2.0,),
+) -> None:
+    """Random interleavings of pushes applied and acknowledged, arrivals (up to `arrivals` at a
+    time), completions, reports and decisions (the clock moving one of `decision_gaps_s`);
+    the pool's gateways never run more than its budget, checked after every step."""
+    clock = state._clock
+    assert isinstance(clock, ManualClock)
+    for _ in range(steps):
+        gateway = rng.choice(gateways)
+        assert gateway.session is not None
+        action = rng.random()
+        if action < 0.3:
+            gateway.apply_pending(state)
+        elif action < 0.5:
+            tenant = rng.choice(["A", "B"])
+            gateway.queued[tenant] += rng.randint(0, arrivals)
+            gateway.admit()
+        elif action < completions_below:
+            tenant = rng.choice(["A", "B"])
+            gateway.in_flight[tenant] -= rng.randint(0, gateway.in_flight[tenant])
+            gateway.admit()
+        elif action < 0.95:
+            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+        else:
+            clock.advance(rng.choice(decision_gaps_s))
+            loop.decide_once()
+        total = sum(sum(g.in_flight.values()) for g in gateways)
+        assert total <= state.pool.budget_slots, f"{total} in flight over the budget"
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_budget_holds_under_random_interleavings(seed: int) -> None:
     rng = random.Random(seed)
@@ -95,28 +135,7 @@ def test_budget_holds_under_random_interleavings(seed: int) -> None:
     gateways = [SimGateway(f"gw{i}", dict(fallback)) for i in range(3)]
     for gateway in gateways:
         gateway.connect(state)
-    for _ in range(3_000):
-        gateway = rng.choice(gateways)
-        assert gateway.session is not None
-        action = rng.random()
-        if action < 0.3:
-            gateway.apply_pending(state)
-        elif action < 0.5:
-            tenant = rng.choice(["A", "B"])
-            gateway.queued[tenant] += rng.randint(0, 30)
-            gateway.admit()
-        elif action < 0.75:
-            tenant = rng.choice(["A", "B"])
-            done = rng.randint(0, gateway.in_flight[tenant])
-            gateway.in_flight[tenant] -= done
-            gateway.admit()
-        elif action < 0.95:
-            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
-        else:
-            clock.advance(2.0)
-            loop.decide_once()
-        total = sum(sum(g.in_flight.values()) for g in gateways)
-        assert total <= POOL.budget_slots, f"{total} in flight over budget {POOL.budget_slots}"
+    random_walk(rng, state, loop, gateways, steps=3_000, arrivals=30)
     # Quiesce: running requests finish; everyone reports and applies until nothing changes.
     for gateway in gateways:
         gateway.in_flight = {"A": 0, "B": 0}

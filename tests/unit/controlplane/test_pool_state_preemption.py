@@ -16,7 +16,7 @@ from controlplane.pool_state import PoolState
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, PreemptionConfig, TenantConfig
 from slotshift.demand import TenantDemand
-from tests.unit.controlplane.test_pool_state import SimGateway
+from tests.unit.controlplane.test_pool_state import SimGateway, random_walk
 
 POOL = PoolConfig(
     name="p",
@@ -197,25 +197,14 @@ def _random_walk(seed: int) -> int:
     gateways = [PausingGateway(f"gw{i}", {"A": 16, "B": 16}) for i in range(3)]
     for gateway in gateways:
         gateway.connect(state)
-    for _ in range(2_000):
-        gateway = rng.choice(gateways)
-        assert gateway.session is not None
-        action = rng.random()
-        if action < 0.3:
-            gateway.apply_pending(state)
-        elif action < 0.5:
-            tenant = rng.choice(["A", "B"])
-            gateway.queued[tenant] += rng.randint(0, 20)
-            gateway.admit()
-        elif action < 0.7:
-            tenant = rng.choice(["A", "B"])
-            gateway.in_flight[tenant] -= rng.randint(0, gateway.in_flight[tenant])
-            gateway.admit()
-        elif action < 0.95:
-            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
-        else:
-            clock.advance(rng.choice([0.1, 2.0]))
-            loop.decide_once()
-        total = sum(sum(g.in_flight.values()) for g in gateways)
-        assert total <= POOL.budget_slots, f"seed {seed}: {total} in flight"
+    random_walk(
+        rng,
+        state,
+        loop,
+        gateways,
+        steps=2_000,
+        arrivals=20,
+        completions_below=0.7,
+        decision_gaps_s=(0.1, 2.0),
+    )
     return sum(g.paused_total for g in gateways)

@@ -19,7 +19,7 @@ from controlplane.service.query_service import AllocationQueryService
 from slotshift.clock import ManualClock
 from slotshift.demand import LatencySummary, TenantDemand
 from slotshift.v1 import query_pb2
-from tests.unit.controlplane.test_pool_state import POOL, SimGateway, _state
+from tests.unit.controlplane.test_pool_state import POOL, SimGateway, _state, random_walk
 
 
 def _queued_b(state: PoolState) -> int:
@@ -134,27 +134,7 @@ def test_budget_holds_and_limits_converge_when_acks_are_lost(seed: int) -> None:
     gateways = [LossyGateway(f"gw{i}", {"A": 16, "B": 16}, rng=rng) for i in range(3)]
     for gateway in gateways:
         gateway.connect(state)
-    for _ in range(2_000):
-        gateway = rng.choice(gateways)
-        assert gateway.session is not None
-        action = rng.random()
-        if action < 0.3:
-            gateway.apply_pending(state)
-        elif action < 0.5:
-            tenant = rng.choice(["A", "B"])
-            gateway.queued[tenant] += rng.randint(0, 30)
-            gateway.admit()
-        elif action < 0.75:
-            tenant = rng.choice(["A", "B"])
-            gateway.in_flight[tenant] -= rng.randint(0, gateway.in_flight[tenant])
-            gateway.admit()
-        elif action < 0.95:
-            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
-        else:
-            clock.advance(2.0)
-            loop.decide_once()
-        total = sum(sum(g.in_flight.values()) for g in gateways)
-        assert total <= POOL.budget_slots, f"{total} in flight over budget {POOL.budget_slots}"
+    random_walk(rng, state, loop, gateways, steps=2_000, arrivals=30)
     for gateway in gateways:
         gateway.in_flight = {"A": 0, "B": 0}
         gateway.queued = {"A": 0, "B": 0}
