@@ -379,23 +379,15 @@ class PoolState:
 
     def _check_fast_path(self) -> None:
         """Ask for a decision now when a tenant's queue grows while it holds less than its
-        nominal share and wants more than its pool-wide limit: waiting for the next period would
-        leave it queueing behind lent slots. A queue within the limit (the limit's parts sit at
-        other gateways) is the re-split's to fix, without a decision."""
+        nominal share: waiting for the next period would leave it queueing behind lent slots."""
         if not self.pool.fast_path:
             return
-        records = self._gateways.values()
-        queued = _row_sum((g.queued for g in records), len(self.tenants))
-        grown = np.flatnonzero(queued > self._queued_before)
-        if grown.size:
-            in_flight = _row_sum((g.in_flight for g in records), len(self.tenants))
-        for column in grown:
+        queued = _row_sum((g.queued for g in self._gateways.values()), len(self.tenants))
+        for column in np.flatnonzero(queued > self._queued_before):
             tenant = self.tenants[column]
             if tenant not in self._nominal:
                 continue  # draining: removed from the pool
-            limit = self.allocation.tenant_limits[tenant]
-            short = in_flight[column] + queued[column] > limit
-            if short and limit < self._nominal[tenant]:
+            if self.allocation.tenant_limits[tenant] < self._nominal[tenant]:
                 self.fast_path_reason = (
                     f"fast path: {tenant}'s queue grew to {queued[column]} below its nominal share"
                 )
