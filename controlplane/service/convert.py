@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 from numpy.typing import NDArray
 
-from controlplane.core.allocation import NO_PAUSE, Allocation, GatewayLimit
+from controlplane.core.allocation import NO_PAUSE, Allocation
 from controlplane.core.push import GatewayRow
 from controlplane.core.snapshot import TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
@@ -58,10 +58,11 @@ def allocation_to_proto(
         gateways=[
             allocation_pb2.GatewayAllocation(
                 gateway_id=gateway_id,
-                tenants=[gateway_limit_to_proto(tenant, lim) for tenant, lim in limits.items()],
+                tenants=row_to_proto(GatewayRow.of(allocation.cells, row), None),
                 applied_version=applied_versions.get(gateway_id, 0),
             )
-            for gateway_id, limits in sorted(allocation.gateways.items())
+            # The cells' rows are in gateway-id order.
+            for row, gateway_id in enumerate(allocation.cells.gateway_ids)
         ],
         decision_id=allocation.decision_id,
     )
@@ -84,15 +85,6 @@ def row_to_proto(
             message.pause_above_slots = pause
         limits.append(message)
     return limits
-
-
-def gateway_limit_to_proto(tenant: str, limit: GatewayLimit) -> allocation_pb2.GatewayTenantLimit:
-    message = allocation_pb2.GatewayTenantLimit(
-        tenant=tenant, target_slots=limit.target_slots, limit_slots=limit.limit_slots
-    )
-    if limit.pause_above_slots is not None:
-        message.pause_above_slots = limit.pause_above_slots
-    return message
 
 
 def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Decision:

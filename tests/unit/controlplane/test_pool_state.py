@@ -125,6 +125,30 @@ def random_walk(
         assert total <= state.pool.budget_slots, f"{total} in flight over the budget"
 
 
+def settle(state: PoolState, gateways: Sequence[SimGateway], *, rounds: int) -> None:
+    """Running requests finish and nothing waits; then, `rounds` times, every gateway applies
+    what it was sent and reports."""
+    for gateway in gateways:
+        gateway.in_flight = {"A": 0, "B": 0}
+        gateway.queued = {"A": 0, "B": 0}
+    for _ in range(rounds):
+        for gateway in gateways:
+            assert gateway.session is not None
+            gateway.apply_pending(state)
+            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+
+
+def assert_each_enforces_its_part(state: PoolState, gateways: Sequence[SimGateway]) -> None:
+    """Each gateway enforces exactly its row of the allocation; one whose part did not change
+    since it was last told keeps its older version (only changed gateways get a new one)."""
+    allocation = state.allocation
+    for gateway in gateways:
+        expected = {
+            t: lim.limit_slots for t, lim in allocation.gateways[gateway.gateway_id].items()
+        }
+        assert gateway.limits == expected
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_budget_holds_under_random_interleavings(seed: int) -> None:
     rng = random.Random(seed)
@@ -136,15 +160,7 @@ def test_budget_holds_under_random_interleavings(seed: int) -> None:
     for gateway in gateways:
         gateway.connect(state)
     random_walk(rng, state, loop, gateways, steps=3_000, arrivals=30)
-    # Quiesce: running requests finish; everyone reports and applies until nothing changes.
-    for gateway in gateways:
-        gateway.in_flight = {"A": 0, "B": 0}
-        gateway.queued = {"A": 0, "B": 0}
-    for _ in range(5):
-        for gateway in gateways:
-            assert gateway.session is not None
-            gateway.apply_pending(state)
-            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+    settle(state, gateways, rounds=5)
     allocation = state.allocation
     assert sum(allocation.tenant_limits.values()) == POOL.budget_slots
     targets = sum(lim.target_slots for g in allocation.gateways.values() for lim in g.values())
@@ -152,13 +168,8 @@ def test_budget_holds_under_random_interleavings(seed: int) -> None:
     for limits in allocation.gateways.values():
         for lim in limits.values():
             assert lim.limit_slots == lim.target_slots
-    # Each gateway enforces exactly its part; one whose part did not change since it was last
-    # told keeps its older version (only changed gateways get a new one).
+    assert_each_enforces_its_part(state, gateways)
     for gateway in gateways:
-        expected = {
-            t: lim.limit_slots for t, lim in allocation.gateways[gateway.gateway_id].items()
-        }
-        assert gateway.limits == expected
         assert gateway.session is not None
         assert gateway.session.mailbox.take_nowait() is None, "nothing left to apply"
 

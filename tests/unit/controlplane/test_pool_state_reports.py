@@ -19,7 +19,14 @@ from controlplane.service.query_service import AllocationQueryService
 from slotshift.clock import ManualClock
 from slotshift.demand import LatencySummary, TenantDemand
 from slotshift.v1 import query_pb2
-from tests.unit.controlplane.test_pool_state import POOL, SimGateway, _state, random_walk
+from tests.unit.controlplane.test_pool_state import (
+    POOL,
+    SimGateway,
+    _state,
+    assert_each_enforces_its_part,
+    random_walk,
+    settle,
+)
 
 
 def _queued_b(state: PoolState) -> int:
@@ -135,15 +142,8 @@ def test_budget_holds_and_limits_converge_when_acks_are_lost(seed: int) -> None:
     for gateway in gateways:
         gateway.connect(state)
     random_walk(rng, state, loop, gateways, steps=2_000, arrivals=30)
-    for gateway in gateways:
-        gateway.in_flight = {"A": 0, "B": 0}
-        gateway.queued = {"A": 0, "B": 0}
     # Reports alone (every ack may be lost) bring every gateway to its target.
-    for _ in range(6):
-        for gateway in gateways:
-            assert gateway.session is not None
-            gateway.apply_pending(state)
-            state.record_demand(gateway.session, gateway.applied_version, gateway.demand())
+    settle(state, gateways, rounds=6)
     allocation = state.allocation
     for limits in allocation.gateways.values():
         for lim in limits.values():
@@ -151,11 +151,7 @@ def test_budget_holds_and_limits_converge_when_acks_are_lost(seed: int) -> None:
     # Every gateway is known to enforce the last version sent to it (gateways whose part did
     # not change keep an older one), and enforces exactly its part.
     assert state.applied_versions() == {g.gateway_id: g.applied_version for g in gateways}
-    for gateway in gateways:
-        expected = {
-            t: lim.limit_slots for t, lim in allocation.gateways[gateway.gateway_id].items()
-        }
-        assert gateway.limits == expected
+    assert_each_enforces_its_part(state, gateways)
 
 
 def _two_reporting_gateways(clock: ManualClock) -> PoolState:
