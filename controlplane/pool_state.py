@@ -563,7 +563,9 @@ class PoolState:
         """What a policy sees now: tenant load summed over the gateways that may hold slots, with
         the age of the oldest figures in each sum."""
         now_wall_s = self._clock.wall()
-        loads = self._loads.loads(self._gateways.values(), now_wall_s)
+        loads = self._loads.loads(
+            self._gateways.values(), now_wall_s, draining=bool(self._draining)
+        )
         return PoolSnapshot(
             now_s=self._clock.monotonic(),
             tenants=loads,
@@ -804,8 +806,11 @@ class _PoolLoads:
             sums.add(new, 1)
         self._stale.add(figures.tenant)
 
-    def loads(self, records: Iterable[_GatewayRecord], now_wall_s: float) -> dict[str, TenantLoad]:
-        """Every pool tenant's load now."""
+    def loads(
+        self, records: Iterable[_GatewayRecord], now_wall_s: float, *, draining: bool
+    ) -> dict[str, TenantLoad]:
+        """Every pool tenant's load now; `draining`: whether gateways may hold figures of
+        removed tenants too."""
         records = list(records)
         for name in self._stale:
             worst = [0.0, 0.0, 0.0, 0.0]
@@ -821,23 +826,28 @@ class _PoolLoads:
                     worst[3] = max(worst[3], figures.e2e.p99_ms)
             self._worst[name] = (worst[0], worst[1], worst[2], worst[3])
         self._stale.clear()
-        oldest = _oldest_observed(records, len(self._sums))
+        # With removed tenants among the figures, a count no longer says a gateway names every
+        # pool tenant.
+        oldest = _oldest_observed(records, None if draining else len(self._sums))
         return {
             name: sums.load(self._worst.get(name, (0.0, 0.0, 0.0, 0.0)), oldest(name), now_wall_s)
             for name, sums in self._sums.items()
         }
 
 
-def _oldest_observed(records: list[_GatewayRecord], tenants: int) -> Callable[[str], float | None]:
+def _oldest_observed(
+    records: list[_GatewayRecord], tenants: int | None
+) -> Callable[[str], float | None]:
     """tenant -> when the oldest figures of it were observed, over the gateways holding any.
-    A gateway whose figures name every tenant counts for all without a walk over them."""
+    A gateway holding `tenants` figures (all it can hold: every pool tenant) counts for all
+    without a walk over them; None: walk every gateway's."""
     everyone: float | None = None
     partial: dict[str, float] = {}
     for record in records:
         observed = record.observed_at_wall_s
         if observed is None or not record.demand:
             continue
-        if len(record.demand) >= tenants:
+        if tenants is not None and len(record.demand) >= tenants:
             everyone = observed if everyone is None else min(everyone, observed)
             continue
         for name in record.demand:

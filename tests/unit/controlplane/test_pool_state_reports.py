@@ -11,6 +11,7 @@ from typing import cast
 import grpc
 import pytest
 
+from controlplane.core.config_change import remove_tenant
 from controlplane.core.demand_policy import DemandPolicy
 from controlplane.decision_loop import DecisionLoop
 from controlplane.pool_state import PoolState
@@ -307,3 +308,16 @@ def test_the_snapshots_sums_equal_a_sum_from_scratch(seed: int) -> None:
             for name, load in state.snapshot().tenants.items()
         }
         assert got == _loads_from_scratch(state)
+
+
+def test_a_gateway_holding_only_a_removed_tenants_figures_ages_no_other_tenant() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    session = state.connect_gateway("gw", 0, [TenantDemand("A", in_flight=5, limit_slots=5)])
+    state.replace_config(remove_tenant(POOL, "A"), state.key_digests)
+    # A drains: the gateway still names it, and no other tenant.
+    state.record_demand(
+        session, 0, [TenantDemand("A", in_flight=5)], observed_at_wall_s=clock.wall() - 3.0
+    )
+    assert state.known_tenants() == {"A", "B"}
+    assert state.snapshot().tenants["B"].demand_age_s is None, "nobody reported B"
