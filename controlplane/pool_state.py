@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 from controlplane.core import placement
 from controlplane.core.allocation import NO_PAUSE, Allocation, CellLimits
 from controlplane.core.config_change import config_key_digests
+from controlplane.core.push import Waiting
 from controlplane.core.snapshot import PoolSnapshot, TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionLog
 from slotshift.apportion import nominal_shares
@@ -293,6 +294,12 @@ class PoolState:
         """W3C context of the decision whose tenant limits are in force (empty: the nominal
         shares, before any decision changed them)."""
         self._queued_before: Row = _zeros(len(self.tenants))
+        self._rows_cache: dict[tuple[int, tuple[str, ...]], tuple[Mapping[str, int], Row]] = {}
+        self._lending: NDArray[np.bool_] = np.zeros(0, dtype=bool)
+        """Which tenants held at most their nominal share at the last reconcile."""
+        self._lender_short = False
+        """Whether, at the last reconcile, some lender queued where its grant was below its
+        target (core/push.py: every shrink is then urgent)."""
         self._waste_samples: deque[tuple[float, int, int]] = deque()
         """(monotonic s, pool output tokens, pool waste tokens) over the waste window."""
         self.decision_wanted = asyncio.Event()
@@ -427,10 +434,14 @@ class PoolState:
         else:
             self.reconcile_soon()
 
-    def queued_at(self, gateway_id: str) -> Row | None:
-        """What each tenant has queued at `gateway_id`, as it last said; None: not known."""
+    def waiting_at(self, gateway_id: str) -> Waiting | None:
+        """Who waits for slots, for an update to `gateway_id` (core/push.py): what it has queued
+        per tenant as it last said, and the pool's lenders as of the last reconcile; None: the
+        gateway is not known, or the columns changed since that reconcile."""
         record = self._gateways.get(gateway_id)
-        return None if record is None else record.queued
+        if record is None or self._lending.size != len(self.tenants):
+            return None
+        return Waiting(record.queued, self._lending, self._lender_short)
 
     def disconnect_gateway(self, session: GatewaySession) -> None:
         """The gateway's stream ended. Its slots stay counted until its lease runs out, since it
@@ -632,8 +643,8 @@ class PoolState:
         bounds = _rows([r.bounds() for r in records], len(tenants))
         previous = current.cells
         same_cells = previous.gateway_ids == connected and previous.tenants == tenants
+        limits = self._row_of(current.tenant_limits)
         if resplit or not same_cells or placement.split_is_stale(previous.targets, demand[live]):
-            limits = np.array([current.tenant_limits.get(t, 0) for t in tenants], dtype=np.int64)
             live_targets = placement.split_targets(limits, demand[live])
         else:
             live_targets = np.array(previous.targets, dtype=np.int64)
@@ -652,7 +663,12 @@ class PoolState:
             granting = np.minimum(targets, _rows([r.acked for r in records], len(tenants)))
         grants = placement.grant(self.pool.budget_slots, granting, granted, bounds)
         pauses = self._pause_levels(in_flight[live], grants[live])
-        candidate_cells = CellLimits.of(connected, tenants, targets[live], grants[live], pauses)
+        candidate_cells = CellLimits.of(
+            connected, tenants, targets[live], grants[live], pauses, pool_limits=limits
+        )
+        self._lending = limits <= self._row_of(self._nominal)
+        short = (grants < targets) & (demand > in_flight) & self._lending
+        self._lender_short = bool(short[live].any())
         candidate = dataclasses.replace(current, cells=candidate_cells)
         published: Allocation | None = None
         if candidate.same_limits(current) and not force_publish:
@@ -698,12 +714,25 @@ class PoolState:
             return levels
         terms = placement.PauseTerms(
             preemptible=np.array([t in preemptible for t in self.tenants], dtype=bool),
-            nominal=np.array([self._nominal.get(t, 0) for t in self.tenants], dtype=np.int64),
-            limits=np.array(
-                [self.allocation.tenant_limits.get(t, 0) for t in self.tenants], dtype=np.int64
-            ),
+            nominal=self._row_of(self._nominal),
+            limits=self._row_of(self.allocation.tenant_limits),
         )
         return placement.pause_levels(terms, in_flight, grants)
+
+    def _row_of(self, per_tenant: Mapping[str, int]) -> Row:
+        """`per_tenant` (tenant limits, nominal shares) in the columns' order, 0 for a tenant it
+        does not name; built once per mapping and column order (read-only: shared)."""
+        key = (id(per_tenant), self.tenants)
+        cached = self._rows_cache.get(key)
+        if cached is not None and cached[0] is per_tenant:
+            return cached[1]
+        row = np.array([per_tenant.get(t, 0) for t in self.tenants], dtype=np.int64)
+        row.flags.writeable = False
+        # Two entries: the tenant limits in force and the nominal shares.
+        if len(self._rows_cache) >= 2:
+            self._rows_cache.pop(next(iter(self._rows_cache)))
+        self._rows_cache[key] = (per_tenant, row)
+        return row
 
     def _observe_waste(self) -> None:
         """Remember the pool's output and waste counters now, for the waste window."""

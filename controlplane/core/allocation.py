@@ -50,6 +50,8 @@ class CellLimits:
     limits: NDArray[np.int64]
     pauses: NDArray[np.int64]
     """NO_PAUSE, or the most of the tenant's requests that may keep running there."""
+    pool_limits: NDArray[np.int64]
+    """Each tenant's pool-wide limit (shape (tenants,)): what the targets split."""
 
     @classmethod
     def of(
@@ -59,13 +61,26 @@ class CellLimits:
         targets: NDArray[np.int64],
         limits: NDArray[np.int64],
         pauses: NDArray[np.int64],
+        pool_limits: NDArray[np.int64] | None = None,
     ) -> CellLimits:
-        """Cells from arrays of shape (len(gateway_ids), len(tenants)), copied."""
+        """Cells from arrays of shape (len(gateway_ids), len(tenants)), copied. `pool_limits`
+        defaults to the targets' column sums (every column of a split sums to its limit)."""
         shape = (len(gateway_ids), len(tenants))
         for name, values in (("targets", targets), ("limits", limits), ("pauses", pauses)):
             if values.shape != shape:
                 raise ValueError(f"{name}: shape {values.shape}, expected {shape}")
-        return cls(gateway_ids, tenants, _frozen(targets), _frozen(limits), _frozen(pauses))
+        if pool_limits is None:
+            pool_limits = targets.sum(axis=0, dtype=np.int64)
+        if pool_limits.shape != (len(tenants),):
+            raise ValueError(f"pool_limits: shape {pool_limits.shape}, expected ({len(tenants)},)")
+        return cls(
+            gateway_ids,
+            tenants,
+            _frozen(targets),
+            _frozen(limits),
+            _frozen(pauses),
+            _frozen(pool_limits),
+        )
 
     @classmethod
     def empty(cls, tenants: tuple[str, ...]) -> CellLimits:
@@ -88,6 +103,7 @@ class CellLimits:
             and np.array_equal(self.targets, other.targets)
             and np.array_equal(self.limits, other.limits)
             and np.array_equal(self.pauses, other.pauses)
+            and np.array_equal(self.pool_limits, other.pool_limits)
         )
 
 

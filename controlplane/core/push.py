@@ -2,11 +2,14 @@
 
 The control plane pushes each gateway only what changed since the last update on its stream
 (go-control-plane's incremental xDS): the first update of a stream is whole, the others name the
-tenants whose target, limit or pause level moved. An update that takes slots away (a lower limit,
-a new or changed pause level) or raises the limit of a tenant with requests queued at that
-gateway is urgent: a lender is waiting for it. Anything else (an idle tenant's headroom moving
-between gateways) may wait for the gateway's next push slot, so that demand moving between
-gateways costs at most one update per gateway per `push_min_interval_ms`.
+tenants whose target, limit or pause level moved. An update goes out at once when somebody waits
+for it: it carries a reclaim (a pause level changes), the shrink of a tenant whose pool-wide
+limit fell (a decision gave those slots to someone else), a grant to a lender with requests
+queued at that gateway, or any shrink while some lender waits for slots the grants could not
+give it yet (the slots it waits for are freed by the gateways' acknowledgements). Anything else
+(headroom moving between gateways, a borrower's part following its queues) may wait for the
+gateway's next push slot, so that demand moving between gateways costs at most one update per
+gateway per `push_min_interval_ms`.
 
 Pure: arrays in, a new value out.
 """
@@ -29,11 +32,32 @@ class GatewayRow:
     targets: NDArray[np.int64]
     limits: NDArray[np.int64]
     pauses: NDArray[np.int64]
+    pool_limits: NDArray[np.int64]
+    """Each tenant's pool-wide limit in the allocation the row belongs to."""
 
     @classmethod
     def of(cls, cells: CellLimits, row: int) -> GatewayRow:
         """Row `row` of `cells` (views: the cells' arrays are read-only)."""
-        return cls(cells.tenants, cells.targets[row], cells.limits[row], cells.pauses[row])
+        return cls(
+            cells.tenants,
+            cells.targets[row],
+            cells.limits[row],
+            cells.pauses[row],
+            cells.pool_limits,
+        )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Waiting:
+    """Who waits for slots, as the pool knows it now (in the row's columns)."""
+
+    queued: NDArray[np.int64]
+    """Requests of each tenant queued at this gateway, as it last said."""
+    lending: NDArray[np.bool_]
+    """Whether each tenant holds at most its nominal share pool-wide (a lender, or at share)."""
+    lender_short: bool
+    """Whether some lender has requests queued at a gateway whose grant is below its target
+    there: it waits for slots other gateways still hold."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -46,15 +70,18 @@ class Push:
     """Whether it goes out at once rather than at the gateway's next push slot."""
 
 
-def next_push(pushed: GatewayRow | None, row: GatewayRow, queued: NDArray[np.int64] | None) -> Push:
+def next_push(pushed: GatewayRow | None, row: GatewayRow, waiting: Waiting | None) -> Push:
     """What to send a gateway that last got `pushed` (None: nothing yet on this stream) so that
-    it enforces `row`, given what it has `queued` per tenant (None: unknown, counted as queued).
+    it enforces `row`, given who waits for slots (None: unknown, every change counts as waited
+    for).
 
     Contract (tests/unit/controlplane/test_push.py):
     - nothing pushed yet, or other tenants than last time: a whole update, urgent;
     - otherwise exactly the tenants whose target, limit or pause differ (possibly none);
-    - urgent exactly when some limit falls, some pause level differs, or some limit rises for a
-      tenant with requests queued at the gateway.
+    - urgent exactly when, among them, some pause level differs, or some limit falls where
+      the tenant's pool-wide limit fell or while `waiting.lender_short`, or some limit rises
+      for a lending tenant with requests queued at the gateway; with `waiting` None, when some
+      limit or pause level differs.
     """
     if pushed is None or pushed.tenants != row.tenants:
         return Push(columns=None, urgent=True)
@@ -66,11 +93,18 @@ def next_push(pushed: GatewayRow | None, row: GatewayRow, queued: NDArray[np.int
     columns = np.flatnonzero(moved)
     if columns.size == 0:
         return Push(columns=columns, urgent=False)
-    raised = row.limits[columns] > pushed.limits[columns]
-    waiting = np.ones(columns.size, dtype=bool) if queued is None else queued[columns] > 0
-    urgent = bool(
-        (row.limits[columns] < pushed.limits[columns]).any()
-        | (row.pauses[columns] != pushed.pauses[columns]).any()
-        | (raised & waiting).any()
+    before, after = pushed.limits[columns], row.limits[columns]
+    repaused = bool((row.pauses[columns] != pushed.pauses[columns]).any())
+    fell = after < before
+    raised = after > before
+    if waiting is None:
+        return Push(columns=columns, urgent=repaused or bool((fell | raised).any()))
+    shrunk = row.pool_limits[columns] < pushed.pool_limits[columns]
+    granted = raised & waiting.lending[columns] & (waiting.queued[columns] > 0)
+    urgent = (
+        repaused
+        or bool((fell & shrunk).any())
+        or (waiting.lender_short and bool(fell.any()))
+        or bool(granted.any())
     )
     return Push(columns=columns, urgent=urgent)

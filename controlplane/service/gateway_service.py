@@ -6,12 +6,10 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
 
 import grpc
-import numpy as np
-from numpy.typing import NDArray
 from opentelemetry import trace
 
 from controlplane.core.allocation import Allocation
-from controlplane.core.push import GatewayRow, Push, next_push
+from controlplane.core.push import GatewayRow, Push, Waiting, next_push
 from controlplane.pool_state import Delivery, GatewaySession, PoolState
 from controlplane.service import convert
 from slotshift.clock import Clock, SystemClock
@@ -24,6 +22,9 @@ from slotshift.trace_context import (
 )
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
 from slotshift.wire import demand_from_proto, from_timestamp
+
+_MOST_SLOTS_AHEAD = 3
+"""How many push slots urgent updates may take ahead of time (see GatewayStreamService._write)."""
 
 AckObserver = Callable[[str, float], None]
 """Called with (pool, seconds from publishing a version to the gateway's acknowledgement)."""
@@ -152,7 +153,8 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
     ) -> None:
         """Send what lands in the session's mailbox: the first update whole, then only what
         changed; one that may wait (core/push.py) waits for the gateway's next push slot,
-        and goes out carrying the newest limits then."""
+        and goes out carrying the newest limits then. An urgent one goes at once and takes the
+        next slot (at most `_MOST_SLOTS_AHEAD` slots ahead)."""
         pushed: GatewayRow | None = None
         next_slot_s = 0.0
         mailbox = session.mailbox
@@ -160,7 +162,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             target = _row_of(delivery, session.gateway_id)
             if target is None:
                 continue  # not this gateway's any more (it reconnected elsewhere)
-            push = next_push(pushed, target, _queued(state, session.gateway_id, target))
+            push = next_push(pushed, target, _waiting(state, session.gateway_id, target))
             # A change that may wait is held until the gateway's next push slot; whatever comes
             # meanwhile replaces it (and may be urgent: then it goes at once).
             while not push.urgent and self._clock.monotonic() < next_slot_s:
@@ -171,7 +173,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 newer_target = None if newer is None else _row_of(newer, session.gateway_id)
                 if newer is not None and newer_target is not None:
                     delivery, target = newer, newer_target
-                    push = next_push(pushed, target, _queued(state, session.gateway_id, target))
+                    push = next_push(pushed, target, _waiting(state, session.gateway_id, target))
             directory, session.directory = session.directory, None
             if directory is not None:
                 # Before the allocation, so that the gateway knows every tenant it names.
@@ -180,7 +182,15 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 )
             await self._push(delivery, session.gateway_id, target, push, context)
             pushed = target
-            next_slot_s = self._clock.monotonic() + self._push_min_interval_s
+            # A token bucket that urgent updates may overdraw: each update, urgent or not, takes
+            # the next slot, so that over time a gateway gets at most one update per interval
+            # plus what is urgent beyond that; the debt is capped so that a burst of urgent
+            # updates does not hold the next change that may wait for long.
+            now = self._clock.monotonic()
+            next_slot_s = min(
+                max(next_slot_s, now) + self._push_min_interval_s,
+                now + _MOST_SLOTS_AHEAD * self._push_min_interval_s,
+            )
 
     async def _push(
         self,
@@ -222,13 +232,12 @@ def _row_of(delivery: Delivery, gateway_id: str) -> GatewayRow | None:
     return None if row is None else GatewayRow.of(cells, row)
 
 
-def _queued(state: PoolState, gateway_id: str, target: GatewayRow) -> NDArray[np.int64] | None:
-    """What the gateway has queued per tenant, in `target`'s columns; None when they differ
-    (the pool's tenants just changed)."""
-    queued = state.queued_at(gateway_id)
-    if queued is None or state.tenants != target.tenants:
+def _waiting(state: PoolState, gateway_id: str, target: GatewayRow) -> Waiting | None:
+    """Who waits for slots at `gateway_id`, in `target`'s columns; None when they differ (the
+    pool's tenants just changed)."""
+    if state.tenants != target.tenants:
         return None
-    return queued
+    return state.waiting_at(gateway_id)
 
 
 def _push_attributes(

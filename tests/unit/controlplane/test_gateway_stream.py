@@ -85,12 +85,47 @@ async def test_held_changes_ride_with_the_next_urgent_one_and_the_slot_frees_the
         for _ in range(50):
             await asyncio.sleep(0)
         assert len(stream.updates) == 2, "held for the slot"
-        clock.advance(SLOT_S)
+        # The first update took the first slot and the urgent one the second.
+        clock.advance(2 * SLOT_S)
         session.mailbox.wake()
         await wait_until(lambda: len(stream.updates) == 3, message="the held update")
         third = stream.updates[2]
         assert third.version == 4
         assert [(t.tenant, t.limit_slots) for t in third.tenants] == [("A", 52)]
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+
+
+async def test_urgent_updates_take_the_next_slots_so_the_rate_stays_one_per_interval() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    session = state.connect_gateway("gw", 0, [TenantDemand("A"), TenantDemand("B")])
+    session.mailbox.take_nowait()
+    service = GatewayStreamService({POOL.name: state}, clock=clock, push_min_interval_s=SLOT_S)
+    stream = _Stream()
+    context = cast("grpc.aio.ServicerContext[object, object]", cast(Any, stream))
+    writer = asyncio.create_task(service._write(state, session, context), name="writer")
+    try:
+        _deliver(state, session, 1, [48, 48], [48, 48])
+        await wait_until(lambda: len(stream.updates) == 1, message="the first update")
+        # Two shrinks of B (its pool-wide limit falls): urgent, out at once, each taking a slot.
+        _deliver(state, session, 2, [50, 46], [48, 46])
+        await wait_until(lambda: len(stream.updates) == 2, message="the first urgent update")
+        _deliver(state, session, 3, [52, 44], [48, 44])
+        await wait_until(lambda: len(stream.updates) == 3, message="the second urgent update")
+        # A's grant catching up may wait: the next free slot is three intervals away.
+        _deliver(state, session, 4, [52, 44], [52, 44])
+        clock.advance(2 * SLOT_S)
+        session.mailbox.wake()
+        for _ in range(50):
+            await asyncio.sleep(0)
+        assert len(stream.updates) == 3, "the slots the urgent updates took are not free"
+        clock.advance(SLOT_S)
+        session.mailbox.wake()
+        await wait_until(lambda: len(stream.updates) == 4, message="the held update")
+        assert stream.updates[3].version == 4
     finally:
         writer.cancel()
         with contextlib.suppress(asyncio.CancelledError):

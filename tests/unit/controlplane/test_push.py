@@ -7,21 +7,29 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.allocation import NO_PAUSE
-from controlplane.core.push import GatewayRow, next_push
+from controlplane.core.push import GatewayRow, Waiting, next_push
 
 TENANTS = ("A", "B", "C", "D")
 
 
-def _row(targets: list[int], limits: list[int], pauses: list[int]) -> GatewayRow:
+def _row(
+    targets: list[int], limits: list[int], pauses: list[int], pool: list[int] | None = None
+) -> GatewayRow:
     return GatewayRow(
         TENANTS,
         np.array(targets, dtype=np.int64),
         np.array(limits, dtype=np.int64),
         np.array(pauses, dtype=np.int64),
+        np.array(pool if pool is not None else [10] * len(TENANTS), dtype=np.int64),
     )
 
 
+def _waiting(queued: list[int], lending: list[bool], *, short: bool = False) -> Waiting:
+    return Waiting(np.array(queued, dtype=np.int64), np.array(lending, dtype=bool), short)
+
+
 _values = st.lists(st.integers(0, 6), min_size=len(TENANTS), max_size=len(TENANTS))
+_flags = st.lists(st.booleans(), min_size=len(TENANTS), max_size=len(TENANTS))
 _pauses = st.lists(
     st.sampled_from([NO_PAUSE, 0, 2, 4]), min_size=len(TENANTS), max_size=len(TENANTS)
 )
@@ -35,37 +43,73 @@ def test_the_first_update_of_a_stream_is_whole_and_urgent() -> None:
 
 def test_other_tenants_than_last_time_get_a_whole_update() -> None:
     before = _row([1, 2, 3, 4], [1, 2, 3, 4], [NO_PAUSE] * 4)
-    after = GatewayRow(("A", "B", "C"), before.targets[:3], before.limits[:3], before.pauses[:3])
+    after = GatewayRow(
+        ("A", "B", "C"),
+        before.targets[:3],
+        before.limits[:3],
+        before.pauses[:3],
+        before.pool_limits[:3],
+    )
     push = next_push(before, after, None)
     assert push.columns is None and push.urgent
 
 
-def test_headroom_moving_may_wait_and_a_queued_tenants_raise_may_not() -> None:
+def test_a_grant_to_a_queued_lender_goes_at_once_and_to_a_borrower_may_wait() -> None:
     before = _row([4, 4, 0, 0], [4, 4, 0, 0], [NO_PAUSE] * 4)
     after = _row([4, 6, 0, 0], [4, 6, 0, 0], [NO_PAUSE] * 4)
-    idle = np.zeros(4, dtype=np.int64)
+    idle = _waiting([0, 0, 0, 0], [True] * 4)
     push = next_push(before, after, idle)
     assert push.columns is not None and push.columns.tolist() == [1]
-    assert not push.urgent
-    queued = np.array([0, 3, 0, 0], dtype=np.int64)
-    assert next_push(before, after, queued).urgent
-    assert next_push(before, after, None).urgent, "unknown queues count as queued"
+    assert not push.urgent, "headroom moving to an idle tenant may wait"
+    assert next_push(before, after, _waiting([0, 3, 0, 0], [True] * 4)).urgent
+    borrower = _waiting([0, 3, 0, 0], [True, False, True, True])
+    assert not next_push(before, after, borrower).urgent, "a queued borrower's grant may wait"
+    assert next_push(before, after, None).urgent, "unknown: every change counts as waited for"
 
 
-@given(_values, _values, _pauses, _values, _values, _pauses, _values)
+def test_a_shrink_goes_at_once_when_its_slots_are_given_away_or_a_lender_waits() -> None:
+    before = _row([6, 4, 0, 0], [6, 4, 0, 0], [NO_PAUSE] * 4, pool=[12, 8, 0, 0])
+    moved = _row([5, 4, 0, 0], [5, 4, 0, 0], [NO_PAUSE] * 4, pool=[12, 8, 0, 0])
+    nobody = _waiting([0, 0, 0, 0], [False, True, True, True])
+    assert not next_push(before, moved, nobody).urgent, "A's part moving to another gateway"
+    lender_waits = _waiting([0, 0, 0, 0], [False, True, True, True], short=True)
+    assert next_push(before, moved, lender_waits).urgent
+    shrunk = _row([5, 4, 0, 0], [5, 4, 0, 0], [NO_PAUSE] * 4, pool=[10, 10, 0, 0])
+    assert next_push(before, shrunk, nobody).urgent, "A's pool-wide limit fell: a reclaim"
+    paused = _row([6, 4, 0, 0], [6, 4, 0, 0], [3, NO_PAUSE, NO_PAUSE, NO_PAUSE], pool=[12, 8, 0, 0])
+    assert next_push(before, paused, nobody).urgent
+
+
+@given(
+    _values,
+    _values,
+    _pauses,
+    _values,
+    _values,
+    _values,
+    _pauses,
+    _values,
+    _values,
+    _flags,
+    st.booleans(),
+)
 @settings(max_examples=500, deadline=None)
 def test_next_push_names_exactly_what_moved_and_is_urgent_exactly_when_it_must(
     targets_before: list[int],
     limits_before: list[int],
     pauses_before: list[int],
+    pool_before: list[int],
     targets: list[int],
     limits: list[int],
     pauses: list[int],
+    pool: list[int],
     queued: list[int],
+    lending: list[bool],
+    short: bool,
 ) -> None:
-    before = _row(targets_before, limits_before, pauses_before)
-    after = _row(targets, limits, pauses)
-    push = next_push(before, after, np.array(queued, dtype=np.int64))
+    before = _row(targets_before, limits_before, pauses_before, pool_before)
+    after = _row(targets, limits, pauses, pool)
+    push = next_push(before, after, _waiting(queued, lending, short=short))
     moved = [
         i
         for i in range(len(TENANTS))
@@ -75,9 +119,9 @@ def test_next_push_names_exactly_what_moved_and_is_urgent_exactly_when_it_must(
     assert push.columns is not None
     assert push.columns.tolist() == moved
     must = any(
-        limits[i] < limits_before[i]
-        or pauses[i] != pauses_before[i]
-        or (limits[i] > limits_before[i] and queued[i] > 0)
+        pauses[i] != pauses_before[i]
+        or (limits[i] < limits_before[i] and (pool[i] < pool_before[i] or short))
+        or (limits[i] > limits_before[i] and lending[i] and queued[i] > 0)
         for i in moved
     )
     assert push.urgent == must
