@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import itertools
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -28,11 +27,22 @@ from controlplane.core.config_change import config_key_digests
 from controlplane.core.push import Waiting
 from controlplane.core.snapshot import PoolSnapshot, TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionLog
+from controlplane.registry import (
+    Delivery,
+    GatewayRecord,
+    GatewayRegistry,
+    GatewaySession,
+    Row,
+    Row2,
+    TenantDirectory,
+    columns_of,
+    row_sum,
+    zeros_row,
+)
 from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import PoolConfig
 from slotshift.demand import LatencySummary, TenantDemand
-from slotshift.newest import NewestBox
 
 logger = logging.getLogger(__name__)
 
@@ -51,194 +61,6 @@ class TelemetryRecord:
     gpu_utilization_pct: float
     trace_context: Mapping[str, str] = field(default_factory=dict)
     """W3C context of the agent's span that sent the report (decisions link to it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """An allocation to send to one gateway, with the trace contexts it belongs to."""
-
-    allocation: Allocation
-    cause: Mapping[str, str] = field(default_factory=dict)
-    """W3C context of what published it (a decision, a gateway connecting): the push's parent."""
-    decision: Mapping[str, str] = field(default_factory=dict)
-    """W3C context of the decision whose tenant limits it carries; empty before the first."""
-
-
-@dataclass(frozen=True, slots=True)
-class TenantDirectory:
-    """The pool's tenants and the SHA-256 digests of their API keys, for the gateways."""
-
-    pool: str
-    config_version: int
-    tenants: Mapping[str, tuple[bytes, ...]]
-
-
-@dataclass(eq=False)
-class GatewaySession:
-    """One connection of one gateway; events from a replaced connection are ignored."""
-
-    gateway_id: str
-    token: int
-    mailbox: NewestBox[Delivery] = field(default_factory=NewestBox)
-    """The newest allocation waiting to be sent to this gateway; older unsent ones are dropped."""
-    directory: TenantDirectory | None = None
-    """A tenant directory to send before the next allocation (an allocation always follows:
-    tenants change only with a new allocation), so that the gateway knows every tenant an
-    allocation names."""
-
-
-Row = NDArray[np.int64]
-"""One gateway's figure for every tenant of the pool, in PoolState.tenants' order."""
-
-Row2 = NDArray[np.int64]
-"""Rows of several gateways: (gateways, tenants)."""
-
-
-class _GatewayRecord:
-    """One gateway as the control plane knows it: its figures as rows over the pool's tenants,
-    and the limits it enforces or may soon enforce."""
-
-    __slots__ = (
-        "acked",
-        "applied_version",
-        "connected",
-        "demand",
-        "gateway_id",
-        "in_flight",
-        "lease_expires_at_s",
-        "observed_at_wall_s",
-        "output_tokens_total",
-        "pending",
-        "queued",
-        "sent",
-        "sent_at_s",
-        "session",
-        "waste_tokens_total",
-    )
-
-    def __init__(self, gateway_id: str, session: GatewaySession, tenants: int) -> None:
-        self.gateway_id = gateway_id
-        self.session = session
-        self.connected = True
-        self.applied_version = 0
-        self.demand: dict[str, TenantDemand] = {}
-        """tenant -> its demand here, from the newest figures the gateway sent (pool tenants
-        only)."""
-        self.observed_at_wall_s: float | None = None
-        """When the gateway observed `demand` (its wall clock, from the message); None: unknown."""
-        self.in_flight: Row = _zeros(tenants)
-        self.queued: Row = _zeros(tenants)
-        self.acked: Row = _zeros(tenants)
-        """Limits in force at the last acknowledgement (or the hello)."""
-        self.sent: dict[int, Row] = {}
-        """version -> limits sent and not yet acknowledged."""
-        self.pending: Row = _zeros(tenants)
-        """The largest limit of each tenant among `sent`."""
-        self.sent_at_s: dict[int, float] = {}
-        self.lease_expires_at_s: float | None = None
-        self.output_tokens_total = 0
-        """Summed over its tenants' figures (the base of the pool's waste share)."""
-        self.waste_tokens_total = 0
-
-    def bounds(self) -> Row:
-        """Most this gateway may be holding of each tenant (see controlplane/core/grants.py)."""
-        return np.maximum(np.maximum(self.in_flight, self.acked), self.pending)
-
-    def take_figures(
-        self,
-        demand: Iterable[TenantDemand],
-        observed_at_wall_s: float | None,
-        index: Mapping[str, int],
-        *,
-        delta: bool = False,
-        replaced: Callable[[TenantDemand | None, TenantDemand | None], None] | None = None,
-    ) -> None:
-        """Hold `demand` (of the tenants in `index`) as this gateway's figures, observed at
-        `observed_at_wall_s`: all of them (a tenant not named has none), or with `delta` only the
-        named tenants' (the others stand). Always the newest: one session is one gRPC stream,
-        which delivers in order, so an earlier stamp means the gateway's clock stepped back, not
-        an old message (dropping it would freeze the gateway's demand until its clock caught
-        up). Costs about the number of tenants named; `replaced` hears of every figure that
-        leaves (old, None), comes (None, new) or changes (old, new)."""
-        if not delta:
-            if replaced is not None:
-                for gone in self.demand.values():
-                    replaced(gone, None)
-            self.demand = {}
-            self.in_flight = _zeros(len(index))
-            self.queued = _zeros(len(index))
-            self.output_tokens_total = self.waste_tokens_total = 0
-        held = self.demand
-        for figures in demand:
-            column = index.get(figures.tenant)
-            if column is None:
-                continue
-            before = held.get(figures.tenant)
-            if before is not None:
-                self.output_tokens_total -= before.output_tokens_total
-                self.waste_tokens_total -= before.waste_tokens_total
-            held[figures.tenant] = figures
-            if replaced is not None:
-                replaced(before, figures)
-            self.in_flight[column] = figures.in_flight
-            self.queued[column] = figures.queued
-            self.output_tokens_total += figures.output_tokens_total
-            self.waste_tokens_total += figures.waste_tokens_total
-        self.observed_at_wall_s = observed_at_wall_s
-
-    def enforcing(self, version: int) -> None:
-        """The gateway says it enforces `version` now (an acknowledgement, or a report's
-        `applied_version`: so the next report heals a lost acknowledgement). Its limits then are
-        those sent with `version`; versions up to it are no longer pending."""
-        if version in self.sent:
-            self.acked = self.sent[version]
-        if any(v <= version for v in self.sent):
-            self.sent = {v: limits for v, limits in self.sent.items() if v > version}
-            self.pending = _row_max(self.sent.values(), self.acked.size)
-        self.applied_version = max(self.applied_version, version)
-
-    def send(self, version: int, limits: Row, now_s: float) -> None:
-        """`limits` go out to the gateway as `version`."""
-        self.sent[version] = limits
-        self.sent_at_s[version] = now_s
-        self.pending = np.maximum(self.pending, limits)
-
-    def reindex(self, old: tuple[str, ...], new: tuple[str, ...]) -> None:
-        """The pool's tenants changed from `old` to `new`: move every row to the new columns
-        (a tenant new here starts at 0)."""
-        source = _columns(old, new)
-        kept = source >= 0
-
-        def moved(row: Row) -> Row:
-            result = _zeros(len(new))
-            result[kept] = row[source[kept]]
-            return result
-
-        self.in_flight = moved(self.in_flight)
-        self.queued = moved(self.queued)
-        self.acked = moved(self.acked)
-        self.sent = {v: moved(limits) for v, limits in self.sent.items()}
-        self.pending = moved(self.pending)
-        names = set(new)
-        self.demand = {t: d for t, d in self.demand.items() if t in names}
-
-
-def _zeros(size: int) -> Row:
-    return np.zeros(size, dtype=np.int64)
-
-
-def _row_sum(rows: Iterable[Row], size: int) -> Row:
-    result = _zeros(size)
-    for row in rows:
-        result += row
-    return result
-
-
-def _row_max(rows: Iterable[Row], size: int) -> Row:
-    result = _zeros(size)
-    for row in rows:
-        np.maximum(result, row, out=result)
-    return result
 
 
 class PoolState:
@@ -262,13 +84,12 @@ class PoolState:
         """Removed tenants some gateway may still run requests of: their slots stay counted (with
         a target of 0) until every gateway has drained them."""
         self._clock = clock
-        self._lease_ttl_s = gateway_lease_ttl_s
+        self.gateways = GatewayRegistry(clock=clock, lease_ttl_s=gateway_lease_ttl_s)
+        """The pool's gateways: sessions, leases, and what each may hold."""
         self._stale_after_s = telemetry_stale_after_s
         self.decisions = DecisionLog(decision_log_size)
         self.policy_state: object | None = None
         self.telemetry: TelemetryRecord | None = None
-        self._gateways: dict[str, _GatewayRecord] = {}
-        self._tokens = itertools.count(1)
         self._nominal = nominal_shares(pool)
         """Each tenant's nominal share under the pool's config (computed once per config)."""
         self.tenants: tuple[str, ...] = tuple(t.name for t in pool.tenants)
@@ -293,7 +114,7 @@ class PoolState:
         self._limits_trace_context: Mapping[str, str] = {}
         """W3C context of the decision whose tenant limits are in force (empty: the nominal
         shares, before any decision changed them)."""
-        self._queued_before: Row = _zeros(len(self.tenants))
+        self._queued_before: Row = zeros_row(len(self.tenants))
         self._rows_cache: dict[tuple[int, tuple[str, ...]], tuple[Mapping[str, int], Row]] = {}
         self._lending: NDArray[np.bool_] = np.zeros(0, dtype=bool)
         """Which tenants held at most their nominal share at the last reconcile."""
@@ -327,32 +148,22 @@ class PoolState:
         and enforces, observed at `observed_at_wall_s` (the gateway's wall clock; None:
         unknown); tenants the pool does not know are dropped. `trace_context` (W3C) is that of
         the connection's span: the pushes it causes are its children."""
-        session = GatewaySession(
-            gateway_id=gateway_id, token=next(self._tokens), directory=self.directory()
+        record, previous = self.gateways.connect(
+            gateway_id, len(self.tenants), applied_version, self.directory()
         )
-        previous = self._gateways.get(gateway_id)
         if previous is not None:
-            previous.session.mailbox.close()
             self._forget_figures(previous)
-        record = _GatewayRecord(gateway_id, session, len(self.tenants))
-        record.applied_version = applied_version
         record.take_figures(demand, observed_at_wall_s, self._index, replaced=self._loads.replaced)
-        # What it enforces is what it says it enforces; limits sent to an earlier connection
-        # and perhaps not yet applied still count.
+        # What it enforces is what it says it enforces (limits sent to an earlier connection
+        # and perhaps not yet applied still count: the registry kept them).
         for name, figures in record.demand.items():
             record.acked[self._index[name]] = figures.limit_slots
-        if previous is not None:
-            for version, limits in previous.sent.items():
-                if version > applied_version:
-                    record.send(version, limits, previous.sent_at_s.get(version, 0.0))
-            record.sent_at_s = {}
         # A restarted control plane continues above any version a gateway has seen, so that the
         # gateway does not ignore its updates as stale.
         self._version = max(self._version, applied_version)
-        self._gateways[gateway_id] = record
         logger.info("gateway %s connected to pool %s", gateway_id, self.pool.name)
         self.reconcile(resplit=True, force_publish=True, trace_context=trace_context)
-        return session
+        return record.session
 
     def record_demand(
         self,
@@ -369,7 +180,7 @@ class PoolState:
         gateway's (with `delta`, only those of the tenants named; tenants the pool does not know
         dropped), `applied_version` counts as an acknowledgement of that version, and the grants
         are recomputed (at once, or soon: see `reconcile_soon`)."""
-        record = self._live(session)
+        record = self.gateways.live(session)
         if record is None:
             return False
         record.take_figures(
@@ -389,7 +200,7 @@ class PoolState:
         nominal share: waiting for the next period would leave it queueing behind lent slots."""
         if not self.pool.fast_path:
             return
-        queued = _row_sum((g.queued for g in self._gateways.values()), len(self.tenants))
+        queued = row_sum((g.queued for g in self.gateways), len(self.tenants))
         for column in np.flatnonzero(queued > self._queued_before):
             tenant = self.tenants[column]
             if tenant not in self._nominal:
@@ -413,7 +224,7 @@ class PoolState:
     ) -> float | None:
         """The gateway enforces `version` now, with `demand` observed at `observed_at_wall_s`. Returns
         seconds since that version was sent; None for a stale session or a version not pending."""
-        record = self._live(session)
+        record = self.gateways.live(session)
         if record is None:
             return None
         sent_at = record.sent_at_s.get(version)
@@ -438,7 +249,7 @@ class PoolState:
         """Who waits for slots, for an update to `gateway_id` (core/push.py): what it has queued
         per tenant as it last said, and the pool's lenders as of the last reconcile; None: the
         gateway is not known, or the columns changed since that reconcile."""
-        record = self._gateways.get(gateway_id)
+        record = self.gateways.get(gateway_id)
         if record is None or self._lending.size != len(self.tenants):
             return None
         return Waiting(record.queued, self._lending, self._lender_short)
@@ -446,51 +257,34 @@ class PoolState:
     def disconnect_gateway(self, session: GatewaySession) -> None:
         """The gateway's stream ended. Its slots stay counted until its lease runs out, since it
         may still be running what it admitted."""
-        record = self._live(session)
-        if record is None:
+        if self.gateways.disconnect(session) is None:
             return
-        record.connected = False
-        record.lease_expires_at_s = self._clock.monotonic() + self._lease_ttl_s
-        session.mailbox.close()
         logger.warning(
             "gateway %s disconnected from pool %s; its slots return in %.1f s unless it comes back",
             session.gateway_id,
             self.pool.name,
-            self._lease_ttl_s,
+            self.gateways.lease_ttl_s,
         )
         self.reconcile(resplit=True)
 
     def expire_leases(self) -> None:
-        now = self._clock.monotonic()
-        expired = [
-            g.gateway_id
-            for g in self._gateways.values()
-            if not g.connected and g.lease_expires_at_s is not None and g.lease_expires_at_s <= now
-        ]
-        for gateway_id in expired:
-            self._forget_figures(self._gateways.pop(gateway_id))
-            logger.info("lease of gateway %s expired; its slots are free", gateway_id)
+        expired = self.gateways.expire()
+        for record in expired:
+            self._forget_figures(record)
         if expired:
             self.reconcile(resplit=True)
 
     def close_sessions(self) -> None:
         """End every gateway's stream (on shutdown); the gateways reconnect elsewhere or later."""
-        for record in self._gateways.values():
-            record.session.mailbox.close()
-
-    def _live(self, session: GatewaySession) -> _GatewayRecord | None:
-        record = self._gateways.get(session.gateway_id)
-        if record is None or record.session is not session or not record.connected:
-            return None
-        return record
+        self.gateways.close_sessions()
 
     @property
     def gateways_connected(self) -> int:
-        return sum(1 for g in self._gateways.values() if g.connected)
+        return self.gateways.connected
 
     def applied_versions(self) -> dict[str, int]:
         """gateway id -> the version it last acknowledged, for connected gateways."""
-        return {g.gateway_id: g.applied_version for g in self._gateways.values() if g.connected}
+        return self.gateways.applied_versions()
 
     # Config changes (the admin API) ---------------------------------------------------------
 
@@ -528,14 +322,11 @@ class PoolState:
         self.allocation = dataclasses.replace(
             self.allocation, tenant_limits=dict(self._nominal), policy=pool.policy
         )
-        directory = self.directory()
-        for record in self._gateways.values():
-            if record.connected:
-                record.session.directory = directory
+        self.gateways.set_directory(self.directory())
         self.reconcile(resplit=True, force_publish=True)
         return self.config_version
 
-    def _forget_figures(self, record: _GatewayRecord) -> None:
+    def _forget_figures(self, record: GatewayRecord) -> None:
         """A gateway's figures stop counting in the pool's loads."""
         for figures in record.demand.values():
             self._loads.replaced(figures, None)
@@ -544,17 +335,16 @@ class PoolState:
         """The columns of every row become `tenants` (the pool's, then the draining ones)."""
         if tenants == self.tenants:
             return
-        for record in self._gateways.values():
-            record.reindex(self.tenants, tenants)
-        source = _columns(self.tenants, tenants)
-        queued_before = _zeros(len(tenants))
+        self.gateways.reindex(self.tenants, tenants)
+        source = columns_of(self.tenants, tenants)
+        queued_before = zeros_row(len(tenants))
         queued_before[source >= 0] = self._queued_before[source[source >= 0]]
         self._queued_before = queued_before
         self.tenants = tenants
         self._index = {name: column for column, name in enumerate(tenants)}
         # The policy's tenants changed (a config change, a drained tenant): sum afresh.
         self._loads = _PoolLoads(t.name for t in self.pool.tenants)
-        for record in self._gateways.values():
+        for record in self.gateways:
             for figures in record.demand.values():
                 self._loads.replaced(None, figures)
 
@@ -574,9 +364,7 @@ class PoolState:
         """What a policy sees now: tenant load summed over the gateways that may hold slots, with
         the age of the oldest figures in each sum."""
         now_wall_s = self._clock.wall()
-        loads = self._loads.loads(
-            self._gateways.values(), now_wall_s, draining=bool(self._draining)
-        )
+        loads = self._loads.loads(self.gateways, now_wall_s, draining=bool(self._draining))
         return PoolSnapshot(
             now_s=self._clock.monotonic(),
             tenants=loads,
@@ -634,8 +422,8 @@ class PoolState:
         """
         current = self.allocation
         tenants = self.tenants
-        ids = sorted(self._gateways)
-        records = [self._gateways[g] for g in ids]
+        ids = self.gateways.ids
+        records = list(self.gateways)
         live = np.array([r.connected for r in records], dtype=bool)
         connected = tuple(g for g, r in zip(ids, records, strict=True) if r.connected)
         in_flight = _rows([r.in_flight for r in records], len(tenants))
@@ -651,7 +439,7 @@ class PoolState:
         targets = np.zeros_like(bounds)
         targets[live] = live_targets
         granted = np.zeros_like(bounds)
-        columns = _columns(previous.tenants, tenants)
+        columns = columns_of(previous.tenants, tenants)
         kept = columns >= 0
         for row, gateway_id in enumerate(ids):
             before = previous.row(gateway_id)
@@ -686,9 +474,10 @@ class PoolState:
                 decision=self._limits_trace_context,
             )
             changed = _changed_rows(previous, candidate_cells)
+            by_id = dict(zip(ids, records, strict=True))
             for row, gateway_id in enumerate(connected):
                 if force_publish or changed[row]:
-                    record = self._gateways[gateway_id]
+                    record = by_id[gateway_id]
                     record.send(published.version, candidate_cells.limits[row], now)
                     record.session.mailbox.put(delivery)
         # A removed tenant stops being counted once no gateway may hold any of it (its column
@@ -737,8 +526,8 @@ class PoolState:
     def _observe_waste(self) -> None:
         """Remember the pool's output and waste counters now, for the waste window."""
         now = self._clock.monotonic()
-        output = sum(g.output_tokens_total for g in self._gateways.values())
-        waste = sum(g.waste_tokens_total for g in self._gateways.values())
+        output = sum(g.output_tokens_total for g in self.gateways)
+        waste = sum(g.waste_tokens_total for g in self.gateways)
         samples = self._waste_samples
         samples.append((now, output, waste))
         horizon = now - self.pool.preemption.waste_window_s
@@ -790,14 +579,6 @@ def _changed_rows(before: CellLimits, after: CellLimits) -> NDArray[np.bool_]:
     return changed
 
 
-def _columns(old: tuple[str, ...], new: tuple[str, ...]) -> Row:
-    """For each tenant of `new`, its column in `old` (-1: none)."""
-    if old == new:
-        return np.arange(len(new), dtype=np.int64)
-    where = {name: column for column, name in enumerate(old)}
-    return np.array([where.get(name, -1) for name in new], dtype=np.int64)
-
-
 def _rows(rows: list[Row], tenants: int) -> Row2:
     """Rows stacked into a (gateways, tenants) array."""
     if not rows:
@@ -836,7 +617,7 @@ class _PoolLoads:
         self._stale.add(figures.tenant)
 
     def loads(
-        self, records: Iterable[_GatewayRecord], now_wall_s: float, *, draining: bool
+        self, records: Iterable[GatewayRecord], now_wall_s: float, *, draining: bool
     ) -> dict[str, TenantLoad]:
         """Every pool tenant's load now; `draining`: whether gateways may hold figures of
         removed tenants too."""
@@ -865,7 +646,7 @@ class _PoolLoads:
 
 
 def _oldest_observed(
-    records: list[_GatewayRecord], tenants: int | None
+    records: list[GatewayRecord], tenants: int | None
 ) -> Callable[[str], float | None]:
     """tenant -> when the oldest figures of it were observed, over the gateways holding any.
     A gateway holding `tenants` figures (all it can hold: every pool tenant) counts for all

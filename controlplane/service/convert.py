@@ -15,7 +15,7 @@ from controlplane.core.allocation import NO_PAUSE, Allocation
 from controlplane.core.push import GatewayRow
 from controlplane.core.snapshot import TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
-from controlplane.pool_state import TenantDirectory
+from controlplane.registry import TenantDirectory
 from slotshift.apportion import nominal_shares
 from slotshift.config import PoolConfig
 from slotshift.v1 import admin_pb2, allocation_pb2, gateway_pb2, query_pb2

@@ -10,7 +10,8 @@ from opentelemetry import trace
 
 from controlplane.core.allocation import Allocation
 from controlplane.core.push import GatewayRow, Push, Waiting, next_push
-from controlplane.pool_state import Delivery, GatewaySession, PoolState
+from controlplane.pool_state import PoolState
+from controlplane.registry import Delivery, GatewaySession
 from controlplane.service import convert
 from slotshift.clock import Clock, SystemClock
 from slotshift.demand import TenantDemand

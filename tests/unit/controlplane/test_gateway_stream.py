@@ -13,7 +13,8 @@ import grpc
 import numpy as np
 
 from controlplane.core.allocation import NO_PAUSE, CellLimits
-from controlplane.pool_state import Delivery, GatewaySession, PoolState
+from controlplane.pool_state import PoolState
+from controlplane.registry import Delivery, GatewaySession
 from controlplane.runtime import PoolRuntime
 from controlplane.service.gateway_service import GatewayStreamService
 from slotshift.clock import ManualClock

@@ -15,7 +15,8 @@ from controlplane.core.demand_policy import DemandPolicy
 from controlplane.core.slo_policy import SloPolicy
 from controlplane.decision_log import DecisionOutcome
 from controlplane.decision_loop import DecisionLoop
-from controlplane.pool_state import GatewaySession, PoolState
+from controlplane.pool_state import PoolState
+from controlplane.registry import GatewaySession
 from slotshift.apportion import nominal_shares
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, TenantConfig

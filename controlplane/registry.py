@@ -1,0 +1,334 @@
+"""The gateways of one pool: their sessions, leases and what each may hold (go-control-plane's
+registry role).
+
+A gateway is one `GatewayRecord`: the session of its live stream (a replaced connection's
+events are ignored), its newest figures as rows over the pool's tenants, the limits it
+acknowledged and those sent and not yet acknowledged, and a lease that keeps a disconnected
+gateway's slots counted until it runs out. `GatewayRecord.bounds` is the most a gateway may be
+holding of each tenant: what the grants (core/placement.py) must leave room for.
+
+The registry is per pool today; one gateway stream will carry several pools (the fleet
+topology), and then a session holds one record per pool it serves. Rows count units (one request
+is one unit today): nothing here depends on what a unit is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from controlplane.core.allocation import Allocation
+from slotshift.clock import Clock
+from slotshift.demand import TenantDemand
+from slotshift.newest import NewestBox
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An allocation to send to one gateway, with the trace contexts it belongs to."""
+
+    allocation: Allocation
+    cause: Mapping[str, str] = field(default_factory=dict)
+    """W3C context of what published it (a decision, a gateway connecting): the push's parent."""
+    decision: Mapping[str, str] = field(default_factory=dict)
+    """W3C context of the decision whose tenant limits it carries; empty before the first."""
+
+
+@dataclass(frozen=True, slots=True)
+class TenantDirectory:
+    """The pool's tenants and the SHA-256 digests of their API keys, for the gateways."""
+
+    pool: str
+    config_version: int
+    tenants: Mapping[str, tuple[bytes, ...]]
+
+
+@dataclass(eq=False)
+class GatewaySession:
+    """One connection of one gateway; events from a replaced connection are ignored."""
+
+    gateway_id: str
+    token: int
+    mailbox: NewestBox[Delivery] = field(default_factory=NewestBox)
+    """The newest allocation waiting to be sent to this gateway; older unsent ones are dropped."""
+    directory: TenantDirectory | None = None
+    """A tenant directory to send before the next allocation (an allocation always follows:
+    tenants change only with a new allocation), so that the gateway knows every tenant an
+    allocation names."""
+
+
+Row = NDArray[np.int64]
+"""One gateway's figure for every tenant of the pool, in PoolState.tenants' order."""
+
+Row2 = NDArray[np.int64]
+"""Rows of several gateways: (gateways, tenants)."""
+
+
+class GatewayRecord:
+    """One gateway as the control plane knows it: its figures as rows over the pool's tenants,
+    and the limits it enforces or may soon enforce."""
+
+    __slots__ = (
+        "acked",
+        "applied_version",
+        "connected",
+        "demand",
+        "gateway_id",
+        "in_flight",
+        "lease_expires_at_s",
+        "observed_at_wall_s",
+        "output_tokens_total",
+        "pending",
+        "queued",
+        "sent",
+        "sent_at_s",
+        "session",
+        "waste_tokens_total",
+    )
+
+    def __init__(self, gateway_id: str, session: GatewaySession, tenants: int) -> None:
+        self.gateway_id = gateway_id
+        self.session = session
+        self.connected = True
+        self.applied_version = 0
+        self.demand: dict[str, TenantDemand] = {}
+        """tenant -> its demand here, from the newest figures the gateway sent (pool tenants
+        only)."""
+        self.observed_at_wall_s: float | None = None
+        """When the gateway observed `demand` (its wall clock, from the message); None: unknown."""
+        self.in_flight: Row = zeros_row(tenants)
+        self.queued: Row = zeros_row(tenants)
+        self.acked: Row = zeros_row(tenants)
+        """Limits in force at the last acknowledgement (or the hello)."""
+        self.sent: dict[int, Row] = {}
+        """version -> limits sent and not yet acknowledged."""
+        self.pending: Row = zeros_row(tenants)
+        """The largest limit of each tenant among `sent`."""
+        self.sent_at_s: dict[int, float] = {}
+        self.lease_expires_at_s: float | None = None
+        self.output_tokens_total = 0
+        """Summed over its tenants' figures (the base of the pool's waste share)."""
+        self.waste_tokens_total = 0
+
+    def bounds(self) -> Row:
+        """Most this gateway may be holding of each tenant (see controlplane/core/grants.py)."""
+        return np.maximum(np.maximum(self.in_flight, self.acked), self.pending)
+
+    def take_figures(
+        self,
+        demand: Iterable[TenantDemand],
+        observed_at_wall_s: float | None,
+        index: Mapping[str, int],
+        *,
+        delta: bool = False,
+        replaced: Callable[[TenantDemand | None, TenantDemand | None], None] | None = None,
+    ) -> None:
+        """Hold `demand` (of the tenants in `index`) as this gateway's figures, observed at
+        `observed_at_wall_s`: all of them (a tenant not named has none), or with `delta` only the
+        named tenants' (the others stand). Always the newest: one session is one gRPC stream,
+        which delivers in order, so an earlier stamp means the gateway's clock stepped back, not
+        an old message (dropping it would freeze the gateway's demand until its clock caught
+        up). Costs about the number of tenants named; `replaced` hears of every figure that
+        leaves (old, None), comes (None, new) or changes (old, new)."""
+        if not delta:
+            if replaced is not None:
+                for gone in self.demand.values():
+                    replaced(gone, None)
+            self.demand = {}
+            self.in_flight = zeros_row(len(index))
+            self.queued = zeros_row(len(index))
+            self.output_tokens_total = self.waste_tokens_total = 0
+        held = self.demand
+        for figures in demand:
+            column = index.get(figures.tenant)
+            if column is None:
+                continue
+            before = held.get(figures.tenant)
+            if before is not None:
+                self.output_tokens_total -= before.output_tokens_total
+                self.waste_tokens_total -= before.waste_tokens_total
+            held[figures.tenant] = figures
+            if replaced is not None:
+                replaced(before, figures)
+            self.in_flight[column] = figures.in_flight
+            self.queued[column] = figures.queued
+            self.output_tokens_total += figures.output_tokens_total
+            self.waste_tokens_total += figures.waste_tokens_total
+        self.observed_at_wall_s = observed_at_wall_s
+
+    def enforcing(self, version: int) -> None:
+        """The gateway says it enforces `version` now (an acknowledgement, or a report's
+        `applied_version`: so the next report heals a lost acknowledgement). Its limits then are
+        those sent with `version`; versions up to it are no longer pending."""
+        if version in self.sent:
+            self.acked = self.sent[version]
+        if any(v <= version for v in self.sent):
+            self.sent = {v: limits for v, limits in self.sent.items() if v > version}
+            self.pending = row_max(self.sent.values(), self.acked.size)
+        self.applied_version = max(self.applied_version, version)
+
+    def send(self, version: int, limits: Row, now_s: float) -> None:
+        """`limits` go out to the gateway as `version`."""
+        self.sent[version] = limits
+        self.sent_at_s[version] = now_s
+        self.pending = np.maximum(self.pending, limits)
+
+    def reindex(self, old: tuple[str, ...], new: tuple[str, ...]) -> None:
+        """The pool's tenants changed from `old` to `new`: move every row to the new columns
+        (a tenant new here starts at 0)."""
+        source = columns_of(old, new)
+        kept = source >= 0
+
+        def moved(row: Row) -> Row:
+            result = zeros_row(len(new))
+            result[kept] = row[source[kept]]
+            return result
+
+        self.in_flight = moved(self.in_flight)
+        self.queued = moved(self.queued)
+        self.acked = moved(self.acked)
+        self.sent = {v: moved(limits) for v, limits in self.sent.items()}
+        self.pending = moved(self.pending)
+        names = set(new)
+        self.demand = {t: d for t, d in self.demand.items() if t in names}
+
+
+def zeros_row(size: int) -> Row:
+    """A row of zeros."""
+    return np.zeros(size, dtype=np.int64)
+
+
+def row_sum(rows: Iterable[Row], size: int) -> Row:
+    """The sum of `rows` (zeros when there are none)."""
+    result = zeros_row(size)
+    for row in rows:
+        result += row
+    return result
+
+
+def row_max(rows: Iterable[Row], size: int) -> Row:
+    """The cell-wise max of `rows` (zeros when there are none)."""
+    result = zeros_row(size)
+    for row in rows:
+        np.maximum(result, row, out=result)
+    return result
+
+
+class GatewayRegistry:
+    """The gateways of one pool, by id: connections, disconnections and leases."""
+
+    def __init__(self, *, clock: Clock, lease_ttl_s: float) -> None:
+        self._clock = clock
+        self.lease_ttl_s = lease_ttl_s
+        self._records: dict[str, GatewayRecord] = {}
+        self._tokens = itertools.count(1)
+        self._ids: tuple[str, ...] = ()
+        """Every gateway's id, sorted: the rows' order in every pass over the pool."""
+
+    def connect(
+        self, gateway_id: str, tenants: int, applied_version: int, directory: TenantDirectory
+    ) -> tuple[GatewayRecord, GatewayRecord | None]:
+        """A new session for `gateway_id`, which says it enforces `applied_version`, with rows
+        of `tenants` columns; returns its record and the one it replaces (whose session ends).
+        Limits sent to the earlier connection and perhaps not applied yet stay counted."""
+        session = GatewaySession(
+            gateway_id=gateway_id, token=next(self._tokens), directory=directory
+        )
+        record = GatewayRecord(gateway_id, session, tenants)
+        record.applied_version = applied_version
+        previous = self._records.get(gateway_id)
+        if previous is not None:
+            previous.session.mailbox.close()
+            for version, limits in previous.sent.items():
+                if version > applied_version:
+                    record.send(version, limits, previous.sent_at_s.get(version, 0.0))
+            record.sent_at_s = {}
+        self._records[gateway_id] = record
+        self._ids = tuple(sorted(self._records))
+        return record, previous
+
+    def live(self, session: GatewaySession) -> GatewayRecord | None:
+        """The record of `session` while it is its gateway's connected one; else None."""
+        record = self._records.get(session.gateway_id)
+        if record is None or record.session is not session or not record.connected:
+            return None
+        return record
+
+    def get(self, gateway_id: str) -> GatewayRecord | None:
+        return self._records.get(gateway_id)
+
+    def disconnect(self, session: GatewaySession) -> GatewayRecord | None:
+        """The session's stream ended: its gateway's lease starts (None: not the live one)."""
+        record = self.live(session)
+        if record is None:
+            return None
+        record.connected = False
+        record.lease_expires_at_s = self._clock.monotonic() + self.lease_ttl_s
+        session.mailbox.close()
+        return record
+
+    def expire(self) -> list[GatewayRecord]:
+        """Forget the disconnected gateways whose lease ran out; returns them."""
+        now = self._clock.monotonic()
+        expired = [
+            r
+            for r in self._records.values()
+            if not r.connected and r.lease_expires_at_s is not None and r.lease_expires_at_s <= now
+        ]
+        for record in expired:
+            del self._records[record.gateway_id]
+            logger.info("lease of gateway %s expired; its slots are free", record.gateway_id)
+        if expired:
+            self._ids = tuple(sorted(self._records))
+        return expired
+
+    def close_sessions(self) -> None:
+        """End every gateway's stream (on shutdown)."""
+        for record in self._records.values():
+            record.session.mailbox.close()
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        """Every known gateway's id (connected or within its lease), sorted."""
+        return self._ids
+
+    def __iter__(self) -> Iterator[GatewayRecord]:
+        """Every known gateway, in `ids` order."""
+        return (self._records[g] for g in self._ids)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    @property
+    def connected(self) -> int:
+        return sum(1 for r in self._records.values() if r.connected)
+
+    def applied_versions(self) -> dict[str, int]:
+        """gateway id -> the version it last acknowledged, for connected gateways."""
+        return {r.gateway_id: r.applied_version for r in self if r.connected}
+
+    def set_directory(self, directory: TenantDirectory) -> None:
+        """Every connected gateway gets `directory` before its next allocation."""
+        for record in self._records.values():
+            if record.connected:
+                record.session.directory = directory
+
+    def reindex(self, old: tuple[str, ...], new: tuple[str, ...]) -> None:
+        """The pool's tenants changed from `old` to `new`: every row moves to the new columns."""
+        for record in self._records.values():
+            record.reindex(old, new)
+
+
+def columns_of(old: tuple[str, ...], new: tuple[str, ...]) -> Row:
+    """For each tenant of `new`, its column in `old` (-1: none)."""
+    if old == new:
+        return np.arange(len(new), dtype=np.int64)
+    where = {name: column for column, name in enumerate(old)}
+    return np.array([where.get(name, -1) for name in new], dtype=np.int64)
