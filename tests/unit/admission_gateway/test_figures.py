@@ -39,10 +39,12 @@ def test_a_latency_goes_to_the_window_and_the_histogram_at_once(
     state = GatewayState(POOL, GatewayConfig(), clock)
     metrics = GatewayMetrics(state)
     figures = RequestFigures(metrics, clock)
-    arrived = clock.monotonic()
+    observed = figures.begin(
+        state.tenants["A"], clock.monotonic(), route="/v1/completions", headers={}
+    )
     clock.advance(0.25)
 
-    getattr(figures, record)(state.tenants["A"], arrived)
+    getattr(observed, record)()
 
     percentiles = getattr(state.tenants["A"], window).percentiles()
     assert (percentiles.count, percentiles.p50_ms) == (1, 250.0)
