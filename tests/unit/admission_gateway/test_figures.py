@@ -167,6 +167,17 @@ def _engine_refused(figures: RequestFigures, state: GatewayState, clock: ManualC
     observed.responded(400)
 
 
+def _resumed(figures: RequestFigures, state: GatewayState, clock: ManualClock) -> None:
+    observed = _begin(figures, state, clock)
+    observed.asked({"prompt": [1, 2, 3], "max_tokens": 20, "stream": True})
+    observed.admitted(_slot(state, 0.0))
+    # The relay's own counts (token ids) win over counting events.
+    observed.streamed(_event({"choices": [{"text": "a"}]}))
+    observed.counted(prompt_tokens=3, output_tokens=20, pauses=2)
+    observed.completed()
+    observed.responded(200)
+
+
 @pytest.mark.parametrize(
     ("play", "expected"),
     [
@@ -245,6 +256,17 @@ def _engine_refused(figures: RequestFigures, state: GatewayState, clock: ManualC
                 "output_tokens": None,
             },
             id="engine-error-status",
+        ),
+        pytest.param(
+            _resumed,
+            {
+                "outcome": "completed",
+                "prompt_tokens": 3,
+                "output_tokens": 20,
+                "output_tokens_from": "token_ids",
+                "pauses": 2,
+            },
+            id="paused-and-resumed",
         ),
     ],
 )
