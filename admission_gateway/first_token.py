@@ -1,7 +1,11 @@
-"""Spotting the first generated token in an OpenAI-style server-sent event stream.
+"""Spotting the first generated token in an OpenAI-style server-sent event stream, and counting
+the rest for the request log.
 
 Time to first token is measured at the first event that carries generated content: vLLM's
 chat streams open with an event that carries only the assistant role, which is no token yet.
+`FirstTokenDetector` stops reading once it has seen it; `StreamTally`, used only when the
+request log is on, reads every event (a JSON parse each) to count content events and keep the
+usage the engine sent, if any.
 """
 
 from __future__ import annotations
@@ -43,15 +47,69 @@ class FirstTokenDetector:
         return False
 
 
-def _carries_content(data: bytes) -> bool:
+class StreamTally:
+    """Fed the stream's bytes as they pass: how many events carried generated content, and the
+    last token counts the engine's `usage` gave (present when the client asked for
+    `stream_options.include_usage`)."""
+
+    def __init__(self, max_line_bytes: int = 1 << 20) -> None:
+        self._buffer = bytearray()
+        self._max_line_bytes = max_line_bytes
+        self.content_events = 0
+        """Events with generated content so far."""
+        self.prompt_tokens: int | None = None
+        """The usage's prompt tokens, once an event carried usage."""
+        self.completion_tokens: int | None = None
+        """The usage's completion tokens, once an event carried usage."""
+        self.fed = False
+        """Whether any of the stream went by (the engine answered with a stream)."""
+
+    def feed(self, chunk: bytes) -> bool:
+        """Consume the next bytes; True when they completed the stream's first content event."""
+        first = False
+        self.fed = True
+        self._buffer += chunk
+        while True:
+            end = self._buffer.find(b"\n")
+            if end < 0:
+                break
+            line = bytes(self._buffer[:end]).rstrip(b"\r")
+            del self._buffer[: end + 1]
+            if not line.startswith(b"data:"):
+                continue
+            event = _event(line[5:].strip())
+            if event is None:
+                continue
+            if _has_content(event):
+                self.content_events += 1
+                first = first or self.content_events == 1
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                if isinstance(prompt, int) and isinstance(completion, int):
+                    self.prompt_tokens, self.completion_tokens = prompt, completion
+        if len(self._buffer) > self._max_line_bytes:
+            self._buffer.clear()
+        return first
+
+
+def _event(data: bytes) -> dict[str, Any] | None:
+    """An SSE data payload as a JSON object; None for [DONE] and anything not an object."""
     if not data or data == b"[DONE]":
-        return False
+        return None
     try:
         event: Any = json.loads(data)
     except ValueError:
-        return False
-    if not isinstance(event, dict):
-        return False
+        return None
+    return event if isinstance(event, dict) else None
+
+
+def _carries_content(data: bytes) -> bool:
+    event = _event(data)
+    return event is not None and _has_content(event)
+
+
+def _has_content(event: dict[str, Any]) -> bool:
     choices = event.get("choices")
     if not isinstance(choices, list):
         return False

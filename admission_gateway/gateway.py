@@ -4,9 +4,9 @@ Tests start it on port 0 and read its state; `main.run` starts it for the CLI.
 
 Shutdown, in order: /ready turns 503 and new requests get 503 (the listener stays open meanwhile,
 so load balancers see "not ready" rather than refused connections); queued requests get 503;
-running requests get up to drain_timeout_s to finish; then the HTTP server closes, the control
-stream closes (it reports the draining gateway's usage until then) and the upstream session is
-closed.
+running requests get up to drain_timeout_s to finish; then the HTTP server closes, the request
+log (when gateway.request_log is set) writes its last records and closes, the control stream
+closes (it reports the draining gateway's usage until then) and the upstream session is closed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import random
 import socket
 import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -27,14 +28,22 @@ from admission_gateway.admission import TenantAdmission
 from admission_gateway.auth import Authenticator
 from admission_gateway.control_client import ControlClient
 from admission_gateway.errors import openai_errors
+from admission_gateway.figures import RequestLog
 from admission_gateway.gateway_state import GatewayState
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.proxy import OpenAIProxy
 from admission_gateway.upstream import EngineClient
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
-from slotshift.config import ConfigError, SlotshiftConfig, reveal
+from slotshift.config import (
+    ConfigError,
+    RequestLogConfig,
+    SlotshiftConfig,
+    read_secret_text,
+    reveal,
+)
 from slotshift.keys import key_digest
+from slotshift.request_log import RequestLogWriter, SessionHasher, session_key_from_text
 from slotshift.tls import (
     ChannelSecurity,
     client_ssl_context,
@@ -89,6 +98,8 @@ class AdmissionGateway:
         self._gateway_id: str | None = None
         self.control_client: ControlClient | None = None
         """The stream to the control plane (set by start)."""
+        self.request_log: RequestLogWriter | None = None
+        """The request log's writer (set by start when gateway.request_log is set)."""
         self._stopped = False
 
     @property
@@ -124,6 +135,10 @@ class AdmissionGateway:
     async def start(self) -> None:
         """Bind the HTTP server, open the upstream session and start the control stream."""
         ssl_context, security, engine_ssl = await asyncio.to_thread(self._load_tls)
+        log_settings = self._settings.request_log
+        sessions = None
+        if log_settings is not None and log_settings.session_key_file is not None:
+            sessions = await asyncio.to_thread(_session_hasher, log_settings.session_key_file)
         self._engine = EngineClient(
             engine_ssl=engine_ssl,
             keepalive_timeout_s=self._settings.upstream_keepalive_timeout_s,
@@ -172,8 +187,24 @@ class AdmissionGateway:
             raise
         self._port = _bound_port(self._runner)
         self._gateway_id = self._requested_gateway_id or f"{socket.gethostname()}:{self._port}"
-        # Nothing has been awaited since the listener opened, so no request has run without it.
+        # Nothing has been awaited since the listener opened, so no request has run without it
+        # (nor without the request log: its records wait in memory until the file is open).
         self._proxy.gateway_id = self._gateway_id
+        if log_settings is not None:
+            self.request_log = _request_log_writer(log_settings, self._gateway_id)
+            self._proxy.figures.record_to(
+                RequestLog(self.request_log, self._gateway_id, self._pool.name, sessions)
+            )
+            try:
+                await self.request_log.open()
+            except OSError as exc:
+                await self._runner.cleanup()
+                await self.request_log.close()
+                await self._engine.close()
+                raise ConfigError(
+                    f"gateway.request_log.log_file: cannot write {self.request_log.path}: {exc}"
+                ) from exc
+            self._tasks.spawn("request-log", self.request_log.run())
         self.control_client = ControlClient(
             self.state,
             target=self._settings.controlplane_target,
@@ -238,6 +269,9 @@ class AdmissionGateway:
             )
         if self._runner is not None:
             await self._runner.cleanup()
+        if self.request_log is not None:
+            # Every request has ended (the server is closed): its record is in the buffer.
+            await self.request_log.close()
         await self._tasks.stop()
         if self._engine is not None:
             await self._engine.close()
@@ -254,6 +288,31 @@ class AdmissionGateway:
         return web.Response(
             body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
+
+
+def _session_hasher(path: str) -> SessionHasher:
+    """The hasher of the key in `path`. Blocks: reads the file."""
+    field = "gateway.request_log.session_key_file"
+    try:
+        return SessionHasher(session_key_from_text(read_secret_text(path, field=field)))
+    except ValueError as exc:
+        # ConfigError is a ValueError: a file that cannot be read says so already.
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{field}: {path}: {exc}") from None
+
+
+def _request_log_writer(settings: RequestLogConfig, gateway_id: str) -> RequestLogWriter:
+    """The writer of this gateway's file: `{gateway_id}` in the path becomes the id, with any
+    character that is no use in a file name (`/`, `:`) replaced by `_`."""
+    safe_id = "".join(c if c.isalnum() or c in "._-" else "_" for c in gateway_id)
+    return RequestLogWriter(
+        Path(settings.log_file.replace("{gateway_id}", safe_id)),
+        max_bytes_per_file=settings.max_bytes_per_file,
+        files_kept=settings.files_kept,
+        flush_interval_s=settings.flush_interval_ms / 1000.0,
+        max_buffered_records=settings.max_buffered_records,
+    )
 
 
 def _bound_port(runner: web.AppRunner) -> int:

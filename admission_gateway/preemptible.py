@@ -45,7 +45,7 @@ from admission_gateway.errors import (
     upstream_unavailable,
     write_quietly,
 )
-from admission_gateway.figures import RequestFigures
+from admission_gateway.figures import RequestObservation
 from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import TenantState
 from admission_gateway.relay import upstream_failed
@@ -59,6 +59,7 @@ from admission_gateway.resume import (
     UpstreamProtocolError,
 )
 from admission_gateway.upstream import EngineClient
+from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
 
 logger = logging.getLogger(__name__)
@@ -93,14 +94,12 @@ class PreemptibleRelay:
         engine_url: str,
         upstream_timeout_s: float,
         paused_keepalive_interval_s: float,
-        figures: RequestFigures,
         tracer: trace.Tracer,
     ) -> None:
         self._engine = engine
         self._engine_url = engine_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
         self._keepalive_s = paused_keepalive_interval_s
-        self._figures = figures
         self._tracer = tracer
 
     async def with_prompt_ids(
@@ -153,11 +152,12 @@ class PreemptibleRelay:
         response_headers: CIMultiDict[str],
         tenant: TenantState,
         slot: Slot,
-        arrived: float,
+        observed: RequestObservation,
     ) -> web.StreamResponse:
         """Run the request to its end across pauses; `slot` is its admitted slot, released
         (or handed on to the next attempt's slot) before this returns. `headers` go to the
-        engine; `response_headers` are added to the client's response."""
+        engine; `response_headers` are added to the client's response; the request's figures
+        and counts go to `observed`."""
         try:
             resumption = Resumption(path, dict(document))
         except ValueError:
@@ -178,15 +178,15 @@ class PreemptibleRelay:
                         slot,
                         headers,
                         response_headers,
-                        tenant,
                         client,
                         first_token,
-                        arrived,
+                        observed,
                         attempt,
                     )
                 except _Ended as ended:
                     self._account(tenant, resumption, accounted)
                     if client is not None:
+                        observed.cut_by(ended.error)
                         await write_quietly(client, sse_error_event(ended.error))
                         return client
                     if ended.refusal is not None and attempt == 1:
@@ -203,9 +203,17 @@ class PreemptibleRelay:
                 slot = await self._wait_to_resume(tenant, slot, client)
         finally:
             slot.release()
-        if resumption.error is not None and client is None:
-            return _error_response(resumption.error, response_headers)
-        self._figures.completed(tenant, arrived)
+            observed.counted(
+                prompt_tokens=resumption.prompt_tokens,
+                output_tokens=resumption.generated_tokens,
+                pauses=resumption.pauses,
+            )
+        if resumption.error is not None:
+            if client is None:
+                return _error_response(resumption.error, response_headers)
+            # The engine's error event went to the client as part of the stream.
+            observed.cut(Outcome.UPSTREAM_ERROR, "engine_error")
+        observed.completed()
         if client is not None:
             for event in resumption.final_events():
                 await write_quietly(client, event)
@@ -222,10 +230,9 @@ class PreemptibleRelay:
         slot: Slot,
         headers: CIMultiDict[str],
         response_headers: CIMultiDict[str],
-        tenant: TenantState,
         client: web.StreamResponse | None,
         first_token: FirstTokenDetector,
-        arrived: float,
+        observed: RequestObservation,
         attempt: int,
     ) -> tuple[web.StreamResponse | None, bool]:
         """One upstream attempt; returns the client's response (prepared once the engine
@@ -296,7 +303,7 @@ class PreemptibleRelay:
                         for event in events:
                             await client.write(event)
                             if not first_token.found and first_token.feed(event):
-                                self._figures.first_token(tenant, arrived)
+                                observed.first_token()
                         if not resumption.in_flight:
                             break
             except (UpstreamProtocolError, SseTooLong) as exc:

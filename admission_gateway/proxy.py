@@ -23,7 +23,8 @@ ids, paused when the control plane takes the tenant's borrowed slots back, and r
 continuation of the same answer (docs/preemption.md).
 
 Each figure of a request (queue wait, time to first token, end-to-end latency) is recorded once,
-through RequestFigures (figures.py), which feeds both the reported windows and the metrics.
+on its RequestObservation (figures.py), which feeds the reported windows, the metrics and, when
+`gateway.request_log` is set, the request's line in the request log, written as it ends.
 
 Traces (see docs/operations.md): each /v1 request is a server span named after its route,
 continuing the client's W3C trace context if it sent one, with the tenant, the pool, the gateway,
@@ -46,7 +47,7 @@ from opentelemetry import trace
 from admission_gateway.admission import AdmissionClosed, QueueFull, QueueTimeout, Slot
 from admission_gateway.auth import AuthenticationError, Authenticator
 from admission_gateway.errors import OpenAIError
-from admission_gateway.figures import RequestFigures
+from admission_gateway.figures import RequestFigures, RequestObservation
 from admission_gateway.gateway_state import GatewayState, TenantState
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.preemptible import PreemptibleRelay
@@ -88,13 +89,13 @@ class OpenAIProxy:
         self._state = state
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._retry_after = {"Retry-After": str(retry_after_s)}
-        self._figures = RequestFigures(metrics, clock)
+        self.figures = RequestFigures(metrics, clock)
+        """Where every request's figures go (the gateway points it at the request log)."""
         self._relay = EngineRelay(
             engine=engine,
             engine_url=engine_url,
             upstream_timeout_s=upstream_timeout_s,
             retry_after=self._retry_after,
-            figures=self._figures,
             tracer=self._tracer,
         )
         self._preemptible = (
@@ -103,7 +104,6 @@ class OpenAIProxy:
                 engine_url=engine_url,
                 upstream_timeout_s=upstream_timeout_s,
                 paused_keepalive_interval_s=paused_keepalive_interval_s,
-                figures=self._figures,
                 tracer=self._tracer,
             )
             if preemption_enabled
@@ -139,7 +139,7 @@ class OpenAIProxy:
     ) -> web.StreamResponse:
         span.set_attribute("slotshift.tenant", self._tenant_of(request))
         self._refuse_if_draining()
-        return await self._relay.forward(request, path, None, tenant=None, arrived=None)
+        return await self._relay.forward(request, path, None, observed=None)
 
     async def _traced(
         self, request: web.Request, path: str, handler: _Handler
@@ -183,25 +183,38 @@ class OpenAIProxy:
         arrived = self._clock.monotonic()
         tenant = self._state.tenants[self._tenant_of(request)]
         span.set_attribute("slotshift.tenant", tenant.name)
+        observed = self.figures.begin(tenant, arrived, route=path, headers=request.headers)
+        try:
+            response = await self._serve(request, path, span, observed)
+        except BaseException as exc:
+            observed.failed(exc)
+            raise
+        observed.responded(response.status)
+        return response
+
+    async def _serve(
+        self, request: web.Request, path: str, span: trace.Span, observed: RequestObservation
+    ) -> web.StreamResponse:
+        tenant = observed.tenant
         self._refuse_if_draining()
         body = await self._read_body(request)
         document = _require_json_object(body)
+        observed.asked(document)
         if tenant.preemptible and self._preemptible is not None:
             why_not = not_resumable(path, document)
             span.set_attribute("slotshift.resumable", why_not is None)
             if why_not is None:
-                return await self._serve_resumable(request, path, document, tenant, span, arrived)
-        async with await self._admit(tenant, span):
-            return await self._relay.forward(request, path, body, tenant=tenant, arrived=arrived)
+                return await self._serve_resumable(request, path, document, span, observed)
+        async with await self._admit(tenant, span, observed):
+            return await self._relay.forward(request, path, body, observed=observed)
 
     async def _serve_resumable(
         self,
         request: web.Request,
         path: str,
         document: dict[str, Any],
-        tenant: TenantState,
         span: trace.Span,
-        arrived: float,
+        observed: RequestObservation,
     ) -> web.StreamResponse:
         """A preemptible tenant's resumable request: admitted as pausable and relayed across
         pauses (admission_gateway/preemptible.py)."""
@@ -210,7 +223,8 @@ class OpenAIProxy:
         headers = forwardable(request.headers, NOT_FORWARDED_UPSTREAM)
         headers["X-Request-Id"] = rid
         document = await self._preemptible.with_prompt_ids(path, document, headers)
-        slot = await self._admit(tenant, span, pausable=True)
+        tenant = observed.tenant
+        slot = await self._admit(tenant, span, observed, pausable=True)
         response_headers: CIMultiDict[str] = CIMultiDict({"X-Request-Id": rid})
         return await self._preemptible.serve(
             request,
@@ -220,7 +234,7 @@ class OpenAIProxy:
             response_headers=response_headers,
             tenant=tenant,
             slot=slot,
-            arrived=arrived,
+            observed=observed,
         )
 
     def _tenant_of(self, request: web.Request) -> str:
@@ -262,7 +276,12 @@ class OpenAIProxy:
         return bytes(body)
 
     async def _admit(
-        self, tenant: TenantState, span: trace.Span, *, pausable: bool = False
+        self,
+        tenant: TenantState,
+        span: trace.Span,
+        observed: RequestObservation,
+        *,
+        pausable: bool = False,
     ) -> Slot:
         """A slot for the request, waited for in a "queue wait" span; the request's span says
         whether and under which allocation it was admitted, and links to that allocation's
@@ -281,6 +300,7 @@ class OpenAIProxy:
         ) as waiting:
             try:
                 slot = await self._acquire(tenant, pausable=pausable)
+                observed.admitted(slot)
             except OpenAIError as error:
                 rejected: dict[str, str | int] = {
                     "slotshift.admission.outcome": "rejected",
@@ -329,7 +349,6 @@ class OpenAIProxy:
             ) from None
         except AdmissionClosed:
             raise self._shutting_down() from None
-        self._figures.admitted(tenant, slot)
         return slot
 
 

@@ -40,10 +40,9 @@ from admission_gateway.errors import (
     upstream_unavailable,
     write_quietly,
 )
-from admission_gateway.figures import RequestFigures
-from admission_gateway.first_token import FirstTokenDetector
-from admission_gateway.gateway_state import TenantState
+from admission_gateway.figures import RequestObservation
 from admission_gateway.upstream import EngineClient
+from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
 
 logger = logging.getLogger(__name__)
@@ -80,14 +79,12 @@ class EngineRelay:
         engine_url: str,
         upstream_timeout_s: float,
         retry_after: Mapping[str, str],
-        figures: RequestFigures,
         tracer: trace.Tracer,
     ) -> None:
         self._engine = engine
         self._engine_url = engine_url.rstrip("/")
         self._upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
         self._retry_after = dict(retry_after)
-        self._figures = figures
         self._tracer = tracer
 
     async def forward(
@@ -96,13 +93,12 @@ class EngineRelay:
         path: str,
         body: bytes | None,
         *,
-        tenant: TenantState | None,
-        arrived: float | None,
+        observed: RequestObservation | None,
     ) -> web.StreamResponse:
         """`request` (with `body`, read already) sent to the engine's `path`, its answer
-        relayed. With `tenant` and `arrived` (the request's arrival), a successful answer's
-        latencies are recorded for the tenant. Raises OpenAIError for the errors the client
-        gets as a status (502, 504, the engine's non-JSON errors)."""
+        relayed. With `observed` (an admitted generation request), the answer's figures are
+        recorded there. Raises OpenAIError for the errors the client gets as a status (502, 504,
+        the engine's non-JSON errors)."""
         url = self._engine_url + path
         with self._tracer.start_as_current_span(
             f"upstream {request.method} {path}",
@@ -112,9 +108,7 @@ class EngineRelay:
             set_status_on_exception=False,
         ) as span:
             try:
-                response = await self._call_engine(
-                    request, url, body, span, tenant=tenant, arrived=arrived
-                )
+                response = await self._call_engine(request, url, body, span, observed=observed)
             except OpenAIError as error:
                 record_status(span, error.status, error.code or error.error_type, client=True)
                 raise
@@ -130,8 +124,7 @@ class EngineRelay:
         body: bytes | None,
         span: trace.Span,
         *,
-        tenant: TenantState | None,
-        arrived: float | None,
+        observed: RequestObservation | None,
     ) -> web.StreamResponse:
         rid = request_id(request)
         headers = forwardable(request.headers, NOT_FORWARDED_UPSTREAM)
@@ -154,15 +147,15 @@ class EngineRelay:
         record_status(span, upstream.status, None, client=True)
         try:
             if upstream.status == 200 and upstream.content_type == "text/event-stream":
-                return await self._relay_stream(request, upstream, rid, tenant, arrived)
+                return await self._relay_stream(request, upstream, rid, observed)
             try:
                 content = await upstream.read()
             except TimeoutError:
                 raise upstream_timeout() from None
             except aiohttp.ClientError as exc:
                 raise upstream_failed(exc) from None
-            if tenant is not None and arrived is not None and upstream.status < 400:
-                self._figures.completed(tenant, arrived)
+            if observed is not None:
+                observed.answered(upstream.status, content)
             if upstream.status >= 400 and upstream.content_type != "application/json":
                 # A crashed handler in the engine's web server answers plain text; OpenAI
                 # clients read errors as JSON.
@@ -187,8 +180,7 @@ class EngineRelay:
         request: web.Request,
         upstream: aiohttp.ClientResponse,
         rid: str,
-        tenant: TenantState | None,
-        arrived: float | None,
+        observed: RequestObservation | None,
     ) -> web.StreamResponse:
         response = web.StreamResponse(
             status=upstream.status,
@@ -196,18 +188,15 @@ class EngineRelay:
         )
         response.headers["X-Request-Id"] = rid
         await response.prepare(request)
-        first_token = FirstTokenDetector()
         while True:
             try:
                 chunk = await upstream.content.readany()
             except TimeoutError:
                 upstream.close()
-                await write_quietly(response, sse_error_event(upstream_timeout()))
-                return response
+                return await _end_stream(response, upstream_timeout(), observed)
             except aiohttp.ClientError as exc:
                 upstream.close()
-                await write_quietly(response, sse_error_event(upstream_failed(exc)))
-                return response
+                return await _end_stream(response, upstream_failed(exc), observed)
             if not chunk:
                 break
             try:
@@ -215,17 +204,24 @@ class EngineRelay:
             except ConnectionResetError:
                 logger.debug("client went away during stream %s", rid)
                 upstream.close()
+                if observed is not None:
+                    observed.cut(Outcome.CANCELLED, "client_disconnected")
                 return response
-            if (
-                tenant is not None
-                and arrived is not None
-                and not first_token.found
-                and first_token.feed(chunk)
-            ):
-                self._figures.first_token(tenant, arrived)
-        if tenant is not None and arrived is not None:
-            self._figures.completed(tenant, arrived)
+            if observed is not None:
+                observed.streamed(chunk)
+        if observed is not None:
+            observed.completed()
         return response
+
+
+async def _end_stream(
+    response: web.StreamResponse, error: OpenAIError, observed: RequestObservation | None
+) -> web.StreamResponse:
+    """End a stream under way with `error`'s event."""
+    if observed is not None:
+        observed.cut_by(error)
+    await write_quietly(response, sse_error_event(error))
+    return response
 
 
 def record_status(

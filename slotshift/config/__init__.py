@@ -28,7 +28,12 @@ from slotshift.config.policies import AgentPolicyConfig, PolicyName, SloPolicyCo
 from slotshift.config.pools import PoolConfig, TenantConfig
 from slotshift.config.preemption import PreemptionConfig
 from slotshift.config.secrets import read_secret_file, read_secret_text, reveal, revealed
-from slotshift.config.services import AgentConfig, ControlPlaneConfig, GatewayConfig
+from slotshift.config.services import (
+    AgentConfig,
+    ControlPlaneConfig,
+    GatewayConfig,
+    RequestLogConfig,
+)
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
 __all__ = [
@@ -45,6 +50,7 @@ __all__ = [
     "Port",
     "PositiveSeconds",
     "PreemptionConfig",
+    "RequestLogConfig",
     "ServerTlsConfig",
     "SloPolicyConfig",
     "SlotshiftConfig",

@@ -57,6 +57,40 @@ class ControlPlaneConfig(ConfigModel):
     change."""
 
 
+class RequestLogConfig(ConfigModel):
+    """A gateway's request log (slotshift/request_log.py): one JSON line per finished request,
+    for replaying the traffic (`slotshift_tools/replay.py`). What is recorded and what never is:
+    docs/operations.md."""
+
+    log_file: Annotated[str, Field(min_length=1)]
+    """The file written (appended to across restarts; relative to the config file's folder).
+    `{gateway_id}` in it is replaced by the gateway's id, so that replicas that read this one
+    section write files of their own: two gateways must never share a file."""
+
+    max_bytes_per_file: Annotated[int, Field(ge=4096)] = 64 * 1024 * 1024
+    """A file is rotated (`log_file` becomes `log_file.1`, `.1` becomes `.2`, ...) before a line
+    would take it past this many bytes. A record is about 400 bytes."""
+
+    files_kept: Annotated[int, Field(ge=1)] = 5
+    """Rotated files kept besides the one written; the oldest beyond them is deleted."""
+
+    flush_interval_ms: Annotated[float, Field(gt=0)] = 1000.0
+    """Records are buffered in memory and written by a background thread this often (sooner
+    when 256 KiB are waiting): the data path never waits on the disk. A crash loses at most
+    this much of the log."""
+
+    max_buffered_records: Annotated[int, Field(ge=1)] = 100_000
+    """Records held while the disk is slow; beyond this, new records are dropped (counted and
+    logged) rather than slow the requests down."""
+
+    session_key_file: str | None = None
+    """A file whose first line is the key (at least 16 bytes) of the HMAC-SHA-256 that hashes
+    the clients' session ids (the `X-Session-Id` header, else the body's `user`), such as a
+    mounted Kubernetes Secret; give every gateway the same key so that a session is recognised
+    across them. Unset: no session is recorded (an unkeyed hash of a user name could be
+    reversed by hashing guesses)."""
+
+
 class GatewayConfig(ConfigModel):
     """The admission gateways (every replica reads the same section)."""
 
@@ -147,6 +181,9 @@ class GatewayConfig(ConfigModel):
 
     latency_window_samples: Annotated[int, Field(ge=1)] = 1024
     """Most requests per tenant and latency kind kept for the percentiles (bounds memory)."""
+
+    request_log: RequestLogConfig | None = None
+    """Record one line per finished request (never prompts, outputs or keys); unset: no log."""
 
 
 class AgentConfig(ConfigModel):
