@@ -1,7 +1,15 @@
-"""The decision log: what each decision saw, chose and why, for GetDecisions and traces."""
+"""The decision log: what each decision saw, chose and why, for GetDecisions and traces.
+
+A decision at a pool of 10,000 tenants sees 10,000 loads and sets 10,000 limits, and most of
+them are what the previous decision saw and set. So the log keeps, for each decision, only the
+tenants whose figures changed since the one before (and the limits that changed), and rebuilds
+whole records from those when asked: its memory is in proportion to what changed, and
+`newest(..., changes_only=True)` answers in that size too.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import deque
 from collections.abc import Mapping
@@ -35,19 +43,81 @@ class DecisionRecord:
     """The allocation version in force after the decision."""
     budget_slots: int
     inputs: Mapping[str, TenantLoad]
+    """What the decision saw of each tenant (in a record read with changes_only: of each tenant
+    whose figures changed since the decision before)."""
     telemetry: TelemetryView | None
     outputs: Mapping[str, int]
-    """The tenant limits in force after the decision."""
+    """The tenant limits in force after the decision (with changes_only: those that changed)."""
     duration_ms: float
     fallback: str | None = None
     """Why the policy fell back from its primary source (the agent's answer), if it did."""
 
 
+AGE_TOLERANCE_S = 1.0
+"""Two loads whose demand ages differ by at most this much count as the same (the age moves a
+little with every report; a gateway gone quiet moves it by more)."""
+
+
+def same_figures(a: TenantLoad, b: TenantLoad) -> bool:
+    """Whether two loads of a tenant say the same, their demand ages within AGE_TOLERANCE_S: a
+    whole record shows a tenant whose figures did not change with the load (and age) of the
+    decision that last stored it."""
+    if (a.demand_age_s is None) != (b.demand_age_s is None):
+        return False
+    if (
+        a.demand_age_s is not None
+        and b.demand_age_s is not None
+        and abs(a.demand_age_s - b.demand_age_s) > AGE_TOLERANCE_S
+    ):
+        return False
+    return (
+        a.in_flight == b.in_flight
+        and a.queued == b.queued
+        and a.ttft == b.ttft
+        and a.e2e == b.e2e
+        and a.admitted_total == b.admitted_total
+        and a.completed_total == b.completed_total
+        and a.rejected_total == b.rejected_total
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """One decision as stored: its record with only what changed, and the tenants that left."""
+
+    record: DecisionRecord
+    inputs_gone: tuple[str, ...]
+    outputs_gone: tuple[str, ...]
+
+
+class _Tenants:
+    """Whole inputs and outputs at one point of the log, moved forward entry by entry."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, TenantLoad] = {}
+        self.outputs: dict[str, int] = {}
+
+    def apply(self, entry: _Entry) -> None:
+        for name in entry.inputs_gone:
+            self.inputs.pop(name, None)
+        for name in entry.outputs_gone:
+            self.outputs.pop(name, None)
+        self.inputs.update(entry.record.inputs)
+        self.outputs.update(entry.record.outputs)
+
+
 class DecisionLog:
-    """The most recent decisions of one pool, bounded."""
+    """The most recent decisions of one pool, bounded, stored as changes."""
 
     def __init__(self, capacity: int) -> None:
-        self._records: deque[DecisionRecord] = deque(maxlen=capacity)
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self._capacity = capacity
+        self._entries: deque[_Entry] = deque()
+        self._base = _Tenants()
+        """The tenants as they were before the oldest entry."""
+        self._last = _Tenants()
+        """The tenants as of the newest entry (what the next one is compared with)."""
         self._next_id = 1
 
     def next_id(self) -> int:
@@ -57,11 +127,50 @@ class DecisionLog:
         return decision_id
 
     def append(self, record: DecisionRecord) -> None:
-        self._records.append(record)
+        """Log `record` (whole inputs and outputs); only what changed is kept."""
+        last = self._last
+        changed_inputs = {
+            name: load
+            for name, load in record.inputs.items()
+            if (held := last.inputs.get(name)) is None or not same_figures(held, load)
+        }
+        changed_outputs = {
+            name: limit for name, limit in record.outputs.items() if last.outputs.get(name) != limit
+        }
+        entry = _Entry(
+            dataclasses.replace(record, inputs=changed_inputs, outputs=changed_outputs),
+            inputs_gone=tuple(n for n in last.inputs if n not in record.inputs),
+            outputs_gone=tuple(n for n in last.outputs if n not in record.outputs),
+        )
+        last.apply(entry)
+        self._entries.append(entry)
+        if len(self._entries) > self._capacity:
+            self._base.apply(self._entries.popleft())
 
-    def newest(self, limit: int) -> list[DecisionRecord]:
-        """Up to `limit` records, newest first."""
-        return list(reversed(self._records))[:limit]
+    def newest(self, limit: int, *, changes_only: bool = False) -> list[DecisionRecord]:
+        """Up to `limit` records, newest first: whole, or with `changes_only` as stored (each
+        naming only the tenants whose figures or limits changed since the decision before it).
+        A whole read costs the changes since the oldest entry plus `limit` x the tenants."""
+        if limit <= 0:
+            return []
+        entries = list(self._entries)
+        if changes_only:
+            return [e.record for e in reversed(entries[-limit:])]
+        state = _Tenants()
+        state.inputs.update(self._base.inputs)
+        state.outputs.update(self._base.outputs)
+        first = max(0, len(entries) - limit)
+        records: list[DecisionRecord] = []
+        for index, entry in enumerate(entries):
+            state.apply(entry)
+            if index >= first:
+                records.append(
+                    dataclasses.replace(
+                        entry.record, inputs=dict(state.inputs), outputs=dict(state.outputs)
+                    )
+                )
+        records.reverse()
+        return records
 
     def __len__(self) -> int:
-        return len(self._records)
+        return len(self._entries)

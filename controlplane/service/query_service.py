@@ -82,7 +82,9 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
         if request.limit < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must not be negative")
         state = await self._pool(request.pool, context)
-        records = state.decisions.newest(request.limit or DEFAULT_DECISIONS)
+        records = state.decisions.newest(
+            request.limit or DEFAULT_DECISIONS, changes_only=request.changes_only
+        )
         return query_pb2.GetDecisionsResponse(
             decisions=[convert.decision_to_proto(state.pool, r) for r in records]
         )

@@ -227,18 +227,26 @@ class GetDecisionsRequest(_message.Message):
 
     POOL_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
+    CHANGES_ONLY_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     limit: _builtins.int
     """How many decisions to return, newest first; 0 means the server's default (20)."""
+    changes_only: _builtins.bool
+    """Each decision names only the tenants whose figures (inputs) or limits (outputs) changed
+    since the decision before it, as the log stores them; false: every tenant. In a whole
+    decision, a tenant whose figures had not changed shows the load of the decision that last
+    stored them (its demand age then, within a second).
+    """
     def __init__(
         self,
         *,
         pool: _builtins.str = ...,
         limit: _builtins.int = ...,
+        changes_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["limit", b"limit", "pool", b"pool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes_only", b"changes_only", "limit", b"limit", "pool", b"pool"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -77,6 +77,15 @@ async def test_queries_answer_for_every_pool(channel: grpc.aio.Channel) -> None:
     assert [d.id for d in decisions.decisions] == sorted(
         (d.id for d in decisions.decisions), reverse=True
     )
+    changes = await stub.GetDecisions(
+        query_pb2.GetDecisionsRequest(pool="default", limit=3, changes_only=True)
+    )
+    assert [d.id for d in changes.decisions] == [d.id for d in decisions.decisions]
+    oldest = changes.decisions[-1]
+    if oldest.id == 1:
+        assert [o.tenant for o in oldest.outputs] == ["A", "B"], "the first names every tenant"
+    for decision in changes.decisions:
+        assert {i.tenant for i in decision.inputs} <= {"A", "B"}
 
 
 @pytest.mark.parametrize(
