@@ -139,6 +139,8 @@ class FinishedRequest:
 @dataclass
 class _Sequence:
     spec: RequestSpec
+    prompt_tokens: int
+    """len(spec.prompt_token_ids), kept: it is read for every sequence at every step."""
     arrival_s: float
     context_hash: int
     """Of every token so far, prompt and output."""
@@ -159,7 +161,7 @@ class _Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return self.spec.prompt_tokens + self.output_tokens
+        return self.prompt_tokens + self.output_tokens
 
     @property
     def blocks(self) -> int:
@@ -361,7 +363,13 @@ class EngineCore:
             state = context_hash(ids[start : start + size], state)
             keys.append(state)
         state = context_hash(ids[len(keys) * size :], state)
-        sequence = _Sequence(spec=spec, arrival_s=now_s, context_hash=state, block_keys=keys)
+        sequence = _Sequence(
+            spec=spec,
+            prompt_tokens=len(ids),
+            arrival_s=now_s,
+            context_hash=state,
+            block_keys=keys,
+        )
         self._by_id[spec.request_id] = sequence
         self._waiting.append(sequence)
         self._peak_in_engine = max(self._peak_in_engine, len(self._by_id))
@@ -513,7 +521,7 @@ class EngineCore:
         return self._profile.step.step_ms(num_seqs, context_tokens, prefill_tokens) / 1000.0
 
     def advance_decodes(self, started_s: float, until_s: float) -> DecodeRun | None:
-        """Run, back to back from `started_s`, the steps that end by `until_s` in which the
+        """Run, back to back from `started_s`, the steps that end before `until_s` in which the
         batch only decodes, all at once: exactly what schedule() and complete() would do step by
         step (the same tokens, times, KV and prefix-cache state, counters), without building
         each step. None, changing nothing, when not even one such step can run now.
@@ -555,7 +563,7 @@ class EngineCore:
                 break  # the step might preempt: schedule() decides it
             context += batch
             end_s += self.step_duration_s(batch, context, 0)
-            if end_s > until_s:
+            if end_s >= until_s:
                 break
             ends.append(end_s)
         if not ends:
@@ -706,11 +714,17 @@ class EngineCore:
         request ends with it, if it does."""
         spec = sequence.spec
         state = sequence.context_hash
-        token_id, stops = self._draw(spec, state, sequence.output_tokens)
-        sequence.context_hash = extend_hash(state, token_id)
-        sequence.output_tokens += 1
-        if sequence.num_tokens % self._block_size == 0:
-            sequence.block_keys.append(sequence.context_hash)
+        if spec.ignore_eos:
+            # The common case of benchmarks, taken for every token: no EOS draw.
+            token_id, stops = next_token_id(state), False
+        else:
+            token_id, stops = self._draw(spec, state, sequence.output_tokens)
+        state = extend_hash(state, token_id)
+        sequence.context_hash = state
+        output = sequence.output_tokens + 1
+        sequence.output_tokens = output
+        if (sequence.prompt_tokens + output) % self._block_size == 0:
+            sequence.block_keys.append(state)
         if stops:
             # vLLM reports "stop" when EOS is sampled, even on the max_tokens-th token.
             return token_id, FinishReason.STOP
