@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from admission_gateway.gateway_state import TenantLimit
 from controlplane.core import placement
 from controlplane.core.allocation import NO_PAUSE, CellLimits
 from controlplane.core.policies import make_policy
@@ -31,7 +32,6 @@ from controlplane.core.publishable import holding_reserves
 from controlplane.core.push import GatewayRow, next_push
 from controlplane.core.snapshot import PoolSnapshot, TenantLoad
 from controlplane.core.validation import InvalidAllocation
-from admission_gateway.gateway_state import TenantLimit
 from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import ControlPlaneConfig, PoolConfig

@@ -10,6 +10,7 @@ the end of the last one, when nothing can have looked in between.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -71,7 +72,7 @@ class TwinEngine:
                 continue
             # Whatever else is due now runs first (an arrival at this instant joins this step),
             # in both modes, so that jumping and stepping see the same order.
-            while self._loop.next_event_s() <= self._loop.time():
+            while self._loop.next_event_s() <= self._loop.time():  # noqa: ASYNC110 - a yield, not a wait
                 await asyncio.sleep(0)
             started_s = self._loop.time()
             if self._closed_form:
@@ -100,7 +101,7 @@ class TwinEngine:
     def _deliver_run(
         self, request_ids: Sequence[str], ends_s: Sequence[float], finished: list[FinishedRequest]
     ) -> None:
-        gaps = [later - earlier for earlier, later in zip(ends_s, ends_s[1:], strict=False)]
+        gaps = [later - earlier for earlier, later in itertools.pairwise(ends_s)]
         self.generation_tokens_total += len(request_ids) * len(ends_s)
         for request_id in request_ids:
             self._listeners[request_id].tokens(ends_s, gaps)
