@@ -2,8 +2,8 @@
 period.
 
 Every policy's limits are made to obey the reserve rule (controlplane/core/reserves.py) before
-they are validated, so reserves hold whatever the policy; an invalid or failed decision keeps the
-last good allocation and is logged as rejected.
+they are validated (controlplane/core/publishable.py), so reserves hold whatever the policy; an
+invalid or failed decision keeps the last good allocation and is logged as rejected.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from typing import Protocol
 from opentelemetry import trace
 from opentelemetry.context import Context
 
-from controlplane.core.policy import AllocationPolicy, PolicyDecision
-from controlplane.core.reserves import describe_moves, hold_reserves, reserves_in_force
+from controlplane.core.policy import AllocationPolicy
+from controlplane.core.publishable import holding_reserves
 from controlplane.core.snapshot import Advice, PoolSnapshot
-from controlplane.core.validation import InvalidAllocation, validate_limits
+from controlplane.core.validation import InvalidAllocation
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
 from controlplane.decision_trace import DECISION_SPAN, describe, telemetry_links
 from controlplane.pool_state import PoolState
 from slotshift.clock import Clock
-from slotshift.config import PoolConfig
 from slotshift.trace_context import carrier_of
 
 logger = logging.getLogger(__name__)
@@ -121,7 +120,7 @@ class DecisionLoop:
         outcome = DecisionOutcome.HELD
         fallback: str | None = None
         try:
-            decision = _holding_reserves(
+            decision = holding_reserves(
                 self.policy.decide(snapshot, pool, state.policy_state), pool
             )
         except InvalidAllocation as exc:
@@ -208,17 +207,3 @@ class DecisionLoop:
                 delay_s = began + pool.fast_path_min_interval_s - self._clock.monotonic()
                 if delay_s > 0:
                     await asyncio.sleep(delay_s)
-
-
-def _holding_reserves(decision: PolicyDecision, pool: PoolConfig) -> PolicyDecision:
-    """The decision with its limits made to obey the reserve rule for the reserves its state names
-    (the reason says what moved), validated; InvalidAllocation when it cannot be published."""
-    validate_limits(decision.limits, pool)
-    reserves = reserves_in_force(pool, decision.state)
-    held = hold_reserves(decision.limits, pool, reserves)
-    # A repair that does not obey the rule would be a bug in hold_reserves: never published.
-    validate_limits(held, pool, reserves=reserves)
-    if held == dict(decision.limits):
-        return decision
-    reason = f"{decision.reason}; reserves held: {describe_moves(decision.limits, held)}"
-    return dataclasses.replace(decision, limits=held, reason=reason)

@@ -139,6 +139,8 @@ class FinishedRequest:
 @dataclass
 class _Sequence:
     spec: RequestSpec
+    prompt_tokens: int
+    """len(spec.prompt_token_ids), kept: it is read for every sequence at every step."""
     arrival_s: float
     context_hash: int
     """Of every token so far, prompt and output."""
@@ -159,7 +161,7 @@ class _Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return self.spec.prompt_tokens + self.output_tokens
+        return self.prompt_tokens + self.output_tokens
 
     @property
     def blocks(self) -> int:
@@ -201,6 +203,24 @@ class ScheduledStep:
     @property
     def is_empty(self) -> bool:
         return not self.entries
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """Decode steps run back to back by EngineCore.advance_decodes: every request of the batch
+    got one token at the end of each step."""
+
+    started_s: float
+    ends_s: tuple[float, ...]
+    """When each step ended (when its tokens were sampled), in order."""
+    request_ids: tuple[str, ...]
+    """The batch, in batch order."""
+    finished: list[FinishedRequest]
+    """The requests that ended with the last step."""
+
+    @property
+    def steps(self) -> int:
+        return len(self.ends_s)
 
 
 @dataclass(frozen=True)
@@ -343,7 +363,13 @@ class EngineCore:
             state = context_hash(ids[start : start + size], state)
             keys.append(state)
         state = context_hash(ids[len(keys) * size :], state)
-        sequence = _Sequence(spec=spec, arrival_s=now_s, context_hash=state, block_keys=keys)
+        sequence = _Sequence(
+            spec=spec,
+            prompt_tokens=len(ids),
+            arrival_s=now_s,
+            context_hash=state,
+            block_keys=keys,
+        )
         self._by_id[spec.request_id] = sequence
         self._waiting.append(sequence)
         self._peak_in_engine = max(self._peak_in_engine, len(self._by_id))
@@ -494,6 +520,113 @@ class EngineCore:
         """Seconds a step takes with this batch (the step-time model)."""
         return self._profile.step.step_ms(num_seqs, context_tokens, prefill_tokens) / 1000.0
 
+    def advance_decodes(self, started_s: float, until_s: float) -> DecodeRun | None:
+        """Run, back to back from `started_s`, the steps that end before `until_s` in which the
+        batch only decodes, all at once: exactly what schedule() and complete() would do step by
+        step (the same tokens, times, KV and prefix-cache state, counters), without building
+        each step. None, changing nothing, when not even one such step can run now.
+
+        A step qualifies while no step is in flight, nothing waits for admission, every running
+        sequence is decoding (one token each, within the token budget) and the KV blocks the
+        steps take fit in what is free now (so that none preempts). The run stops after the
+        first step that finishes a request (its length or a sampled EOS): the next step's batch
+        differs. Callers jump from event to event with it: until_s is when something outside
+        may next add or abort a request (tests/unit/engine_sim/test_engine_core.py compares it
+        with stepping).
+        """
+        running = self._running
+        if self._in_flight is not None or self._waiting or not running:
+            return None
+        batch = len(running)
+        if batch > self._profile.max_num_batched_tokens:
+            return None
+        size = self._block_size
+        phases = [0] * size
+        """Sequences by computed tokens modulo the block size: those with phase r take a new
+        block in step j exactly when (r + j) % size == 0."""
+        context = 0
+        steps = self._profile.max_num_batched_tokens  # an upper bound, lowered below
+        for sequence in running:
+            computed = sequence.num_computed_tokens
+            if sequence.output_tokens == 0 or computed != sequence.num_tokens - 1:
+                return None  # prefilling (or recomputing after a preemption)
+            phases[computed % size] += 1
+            context += computed
+            steps = min(steps, sequence.spec.max_output_tokens - sequence.output_tokens)
+        ends: list[float] = []
+        allocatable = self._allocatable()
+        needed = 0
+        end_s = started_s
+        while len(ends) < steps:
+            needed += phases[-len(ends) % size]
+            if needed > allocatable:
+                break  # the step might preempt: schedule() decides it
+            context += batch
+            end_s += self.step_duration_s(batch, context, 0)
+            if end_s >= until_s:
+                break
+            ends.append(end_s)
+        if not ends:
+            return None
+        # A sampled EOS ends a request early: the run stops at the first one.
+        count = len(ends)
+        for sequence in running:
+            if sequence.spec.ignore_eos:
+                continue
+            state, output = sequence.context_hash, sequence.output_tokens
+            for index in range(count):
+                token_id, stops = self._draw(sequence.spec, state, output + index)
+                if stops:
+                    count = index + 1
+                    break
+                state = extend_hash(state, token_id)
+        del ends[count:]
+        return self._commit_decodes(started_s, ends)
+
+    def _commit_decodes(self, started_s: float, ends: list[float]) -> DecodeRun:
+        """Apply advance_decodes' steps in stepping's order: each step's blocks are allocated,
+        then each sequence caches its newly full block, as schedule() and complete() do; the
+        tokens, which touch no shared state, are sampled sequence by sequence."""
+        running = list(self._running)
+        size = self._block_size
+        start = [sequence.num_computed_tokens for sequence in running]
+        reasons: list[FinishReason | None] = []
+        for sequence in running:
+            reason: FinishReason | None = None
+            for _ in ends:
+                _, reason = self._sample(sequence)
+            reasons.append(reason)
+        # Sequences of one phase (computed tokens modulo the block size) cross block boundaries
+        # in the same steps; each bucket keeps batch order, the order complete() caches in.
+        buckets: list[list[int]] = [[] for _ in range(size)]
+        for position, computed in enumerate(start):
+            buckets[computed % size].append(position)
+        for index in range(len(ends)):
+            for position in buckets[-index % size]:
+                self._allocate(running[position], 1)
+            if self._caching:
+                for position in buckets[-(index + 1) % size]:
+                    sequence = running[position]
+                    sequence.num_computed_tokens = start[position] + index + 1
+                    self._cache_full_blocks(sequence)
+        finished: list[FinishedRequest] = []
+        last_s = ends[-1]
+        for position, sequence in enumerate(running):
+            sequence.num_computed_tokens = start[position] + len(ends)
+            sequence.last_token_s = last_s
+            reason = reasons[position]
+            if reason is not None:
+                self._running.remove(sequence)
+                finished.append(self._finish(sequence, reason, last_s))
+        self._next_step_id += len(ends)
+        self._steps_total += len(ends)
+        return DecodeRun(
+            started_s=started_s,
+            ends_s=tuple(ends),
+            request_ids=tuple(sequence.spec.request_id for sequence in running),
+            finished=finished,
+        )
+
     # --- internals -------------------------------------------------------------------------
 
     def _blocks_for(self, tokens: int) -> int:
@@ -566,21 +699,32 @@ class EngineCore:
         sequence.preempted = True
         self._waiting.appendleft(sequence)
 
+    def _draw(self, spec: RequestSpec, state: int, output_tokens: int) -> tuple[int, bool]:
+        """The token sampled after a context of hash `state` holding `output_tokens` output
+        tokens of `spec`, and whether it is the pseudo-EOS that ends the request."""
+        stops = (
+            not spec.ignore_eos
+            and output_tokens >= spec.min_tokens
+            and eos_sampled(state, self._eos_threshold)
+        )
+        return (EOS_TOKEN_ID if stops else next_token_id(state)), stops
+
     def _sample(self, sequence: _Sequence) -> tuple[int, FinishReason | None]:
         """The next token of `sequence`, a function of its context, appended to it; and why the
         request ends with it, if it does."""
         spec = sequence.spec
         state = sequence.context_hash
-        stops = (
-            not spec.ignore_eos
-            and sequence.output_tokens >= spec.min_tokens
-            and eos_sampled(state, self._eos_threshold)
-        )
-        token_id = EOS_TOKEN_ID if stops else next_token_id(state)
-        sequence.context_hash = extend_hash(state, token_id)
-        sequence.output_tokens += 1
-        if sequence.num_tokens % self._block_size == 0:
-            sequence.block_keys.append(sequence.context_hash)
+        if spec.ignore_eos:
+            # The common case of benchmarks, taken for every token: no EOS draw.
+            token_id, stops = next_token_id(state), False
+        else:
+            token_id, stops = self._draw(spec, state, sequence.output_tokens)
+        state = extend_hash(state, token_id)
+        sequence.context_hash = state
+        output = sequence.output_tokens + 1
+        sequence.output_tokens = output
+        if (sequence.prompt_tokens + output) % self._block_size == 0:
+            sequence.block_keys.append(state)
         if stops:
             # vLLM reports "stop" when EOS is sampled, even on the max_tokens-th token.
             return token_id, FinishReason.STOP

@@ -115,7 +115,65 @@ def build_parser() -> argparse.ArgumentParser:
         "(slotshift_tools/vllm_cpu; builds its venv the first time); default local_stack.engine",
     )
     _add_bench_parser(commands)
+    _add_simulate_parser(commands)
     return parser
+
+
+def _add_simulate_parser(commands: Any) -> None:
+    simulate = commands.add_parser(
+        "simulate",
+        help="run a benchmark scenario in the deterministic twin: the production policies, "
+        "placement and admission against the emulator's engine, in virtual time",
+    )
+    simulate.add_argument("scenario", type=Path, help="the scenario file (bench/scenarios/*.yaml)")
+    simulate.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="steady window of each run (default: the scenario's steady_s)",
+    )
+    simulate.add_argument(
+        "--warmup",
+        type=float,
+        metavar="SECONDS",
+        help="warm-up of each run (default: the scenario's, shortened with a shorter --duration)",
+    )
+    simulate.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="results folder (default results/<scenario>-twin-<timestamp>/)",
+    )
+    simulate.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a field of every run's stack config (repeatable)",
+    )
+    simulate.add_argument(
+        "--runs",
+        type=lambda text: [name.strip() for name in text.split(",") if name.strip()],
+        metavar="NAME[,NAME]",
+        help="simulate only these of the scenario's runs",
+    )
+    simulate.add_argument(
+        "--transit-ms",
+        type=float,
+        default=1.0,
+        help="one-way gateway <-> control plane delay in ms (default %(default)s)",
+    )
+    simulate.add_argument(
+        "--step-by-step",
+        action="store_true",
+        help="run every engine step instead of jumping over decode runs (the same figures, slower)",
+    )
+    simulate.add_argument(
+        "--log-level",
+        default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "WARNING"),
+        help="log level (default %(default)s)",
+    )
 
 
 def _add_bench_parser(commands: Any) -> None:
@@ -196,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.command, args.log_level)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "simulate":
+        return _simulate(args)
     if args.command == "up" and args.engine is not None:
         # An override like any other, so that it reaches the children's config too.
         args.overrides.append(f"local_stack.engine={args.engine}")
@@ -238,6 +298,27 @@ def _bench(args: argparse.Namespace) -> int:
         overrides=overrides,
         runs=args.runs,
         log_level=args.log_level,
+    )
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    from slotshift_tools.twin.command import run_simulate
+    from slotshift_tools.twin.settings import TwinSettings
+
+    try:
+        overrides = parse_overrides(args.overrides)
+        settings = TwinSettings(transit_ms=args.transit_ms, closed_form=not args.step_by_step)
+    except (ConfigError, ValueError) as exc:
+        print(f"slotshift: {exc}", file=sys.stderr)
+        return 2
+    return run_simulate(
+        args.scenario,
+        duration_s=args.duration,
+        warmup_s=args.warmup,
+        out_dir=args.out,
+        overrides=overrides,
+        runs=args.runs,
+        settings=settings,
     )
 
 

@@ -48,7 +48,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
-class _RunRecord:
+class RunRecord:
+    """One run's results, as the summary and the plots take them."""
+
     summary: dict[str, Any]
     series: RunSeries
     limited: bool
@@ -137,19 +139,19 @@ def run_bench(
         # asyncio.run has cancelled the run, and the stack was stopped on the way out.
         print("slotshift bench: interrupted; no summary written", file=sys.stderr)
         return 130
-    meta = _meta(scenario, scenario_path, settings, started, records, runs)
+    meta = results_meta(scenario, scenario_path, settings, started, records, runs)
     policies = {name: record.summary for name, record in records.items()}
     document = summary_document(scenario, policies, meta)
     table = markdown_table(document)
-    _write_results(scenario, folder, document, table, records, meta)
+    write_results(scenario, folder, document, table, records, meta)
     print(f"\n{table}", file=out)
     print(f"results: {folder}", file=out, flush=True)
     return 0
 
 
-async def _run_all(scenario: Scenario, settings: RunSettings) -> dict[str, _RunRecord]:
+async def _run_all(scenario: Scenario, settings: RunSettings) -> dict[str, RunRecord]:
     clock = SystemClock()
-    records: dict[str, _RunRecord] = {}
+    records: dict[str, RunRecord] = {}
     for run in scenario.policies:
         print(
             f"\n== {run.name} (policy {run.policy}): starting the local stack",
@@ -158,7 +160,7 @@ async def _run_all(scenario: Scenario, settings: RunSettings) -> dict[str, _RunR
         )
         result = await run_policy(scenario, run, settings, clock)
         summary = run_summary(scenario, result)
-        await asyncio.to_thread(_write_run_files, settings.out_dir / run.name, result)
+        await asyncio.to_thread(write_run_files, settings.out_dir / run.name, result)
         total = summary["total"]
         print(
             f"== {run.name}: {total['completed']} completed, {total['failed']} failed, "
@@ -168,7 +170,7 @@ async def _run_all(scenario: Scenario, settings: RunSettings) -> dict[str, _RunR
         )
         if summary["harness"]["disturbed"]:
             print(f"WARNING: {run.name}: {summary['harness']['disturbed']}", file=settings.progress)
-        records[run.name] = _RunRecord(
+        records[run.name] = RunRecord(
             summary,
             RunSeries(run.name, result.window, result.samples),
             limited=run.policy != POOL_BASELINE,
@@ -177,7 +179,8 @@ async def _run_all(scenario: Scenario, settings: RunSettings) -> dict[str, _RunR
     return records
 
 
-def _write_run_files(run_dir: Path, result: RunResult) -> None:
+def write_run_files(run_dir: Path, result: RunResult) -> None:
+    """A run's traces.jsonl, samples.jsonl and decisions.jsonl in `run_dir`."""
     run_dir.mkdir(parents=True, exist_ok=True)
     _write_jsonl(run_dir / "traces.jsonl", (t.to_json() for t in result.traces))
     _write_jsonl(run_dir / "samples.jsonl", (s.to_json() for s in result.samples))
@@ -202,14 +205,15 @@ def _write_jsonl(path: Path, rows: Any) -> None:
             sink.write(json.dumps(row, separators=(",", ":")) + "\n")
 
 
-def _write_results(
+def write_results(
     scenario: Scenario,
     folder: Path,
     document: dict[str, Any],
     table: str,
-    records: dict[str, _RunRecord],
+    records: dict[str, RunRecord],
     meta: dict[str, Any],
 ) -> None:
+    """summary.json, summary.md and the plots of a benchmark in `folder`."""
     (folder / "summary.json").write_text(
         json.dumps(document, indent=2, allow_nan=False) + "\n", encoding="utf-8"
     )
@@ -228,7 +232,7 @@ def _write_results(
     _plot_reclaims(scenario, records, folder)
 
 
-def _plot_reclaims(scenario: Scenario, records: Mapping[str, _RunRecord], folder: Path) -> None:
+def _plot_reclaims(scenario: Scenario, records: Mapping[str, RunRecord], folder: Path) -> None:
     """reclaim_TENANT.png for each bursty tenant: the first burst that starts in the steady
     window, in every run but the unpartitioned pool (which has no limits)."""
     limited = [r for r in records.values() if r.limited]
@@ -249,14 +253,15 @@ def _plot_reclaims(scenario: Scenario, records: Mapping[str, _RunRecord], folder
             )
 
 
-def _meta(
+def results_meta(
     scenario: Scenario,
     scenario_path: Path,
     settings: RunSettings,
     started: datetime.datetime,
-    records: dict[str, _RunRecord],
+    records: dict[str, RunRecord],
     runs: Sequence[str] | None,
 ) -> dict[str, Any]:
+    """summary.json's `meta`: what ran, how, on which code and host."""
     engines = sorted({r.summary["engine"] for r in records.values()})
     profiles = sorted({r.summary["profile"] for r in records.values()})
     models = sorted({r.summary["model"] for r in records.values()})

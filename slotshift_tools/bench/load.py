@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Protocol
 
 from slotshift.config import reveal
 from slotshift_tools.bench.arrivals import (
+    RequestShape,
     RequestShapes,
     arrival_times,
     concurrency_at,
@@ -20,9 +22,23 @@ from slotshift_tools.bench.arrivals import (
     next_on_start,
     tenant_rng,
 )
-from slotshift_tools.bench.client import StreamingClient
 from slotshift_tools.bench.scenario import BenchTenant, ClosedLoopArrival, OnOffArrival, Scenario
 from slotshift_tools.bench.trace import RequestStatus, RequestTrace
+
+
+class RequestSender(Protocol):
+    """What sends the load's requests: the bench's StreamingClient over HTTP, or the twin's."""
+
+    def now_s(self) -> float:
+        """Seconds since the load's origin."""
+        ...
+
+    async def send(
+        self, trace: RequestTrace, gateway_url: str, api_key: str, shape: RequestShape
+    ) -> None:
+        """Send one request (trace.start_s is set now) and fill its trace; never raises for a
+        failed request, only CancelledError (the trace is then marked cancelled)."""
+        ...
 
 
 @dataclass
@@ -42,7 +58,7 @@ class LoadGenerator:
     def __init__(
         self,
         scenario: Scenario,
-        client: StreamingClient,
+        client: RequestSender,
         gateway_urls: list[str],
         *,
         horizon_s: float,

@@ -1,0 +1,159 @@
+"""`slotshift simulate SCENARIO.yaml`: every run of a bench scenario in the twin, then the
+bench's results (summary.json, summary.md, the plots, each run's traces, samples and decisions),
+with the twin's own figures (CPU time, speed against real time, engine steps) in
+`meta.twin`."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from slotshift.apportion import nominal_shares
+from slotshift.config import ConfigError
+from slotshift_tools.bench.command import (
+    RunRecord,
+    default_out_dir,
+    results_meta,
+    scaled_warmup_s,
+    write_results,
+    write_run_files,
+)
+from slotshift_tools.bench.plots import RunSeries
+from slotshift_tools.bench.runner import RunResult, RunSettings
+from slotshift_tools.bench.scenario import POOL_BASELINE, Scenario, ScenarioError, load_scenario
+from slotshift_tools.bench.summary import markdown_table, run_summary, summary_document
+from slotshift_tools.twin.run import TwinStats, simulate_run
+from slotshift_tools.twin.settings import TwinSettings
+
+
+@dataclass(frozen=True)
+class SimulatedRun:
+    """One run in the twin: what the bench would have recorded, and how the twin fared."""
+
+    record: RunRecord
+    """Its summary (`policies.<run>` of summary.json) and series, for the plots."""
+    result: RunResult
+    stats: TwinStats
+
+
+def simulate_scenario(
+    scenario: Scenario,
+    *,
+    steady_s: float,
+    warmup_s: float,
+    overrides: dict[str, Any] | None = None,
+    settings: TwinSettings | None = None,
+) -> dict[str, SimulatedRun]:
+    """Every run of `scenario` in the twin, in order. Deterministic: the same arguments give
+    the same results."""
+    runs: dict[str, SimulatedRun] = {}
+    for run in scenario.policies:
+        result, stats = simulate_run(
+            scenario,
+            run,
+            warmup_s=warmup_s,
+            steady_s=steady_s,
+            overrides=overrides,
+            settings=settings,
+        )
+        record = RunRecord(
+            run_summary(scenario, result),
+            RunSeries(run.name, result.window, result.samples),
+            limited=run.policy != POOL_BASELINE,
+            nominal_slots=nominal_shares(result.config.pools[0]),
+        )
+        runs[run.name] = SimulatedRun(record, result, stats)
+    return runs
+
+
+def run_simulate(
+    scenario_path: Path,
+    *,
+    duration_s: float | None = None,
+    warmup_s: float | None = None,
+    out_dir: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    runs: Sequence[str] | None = None,
+    settings: TwinSettings | None = None,
+    out: TextIO = sys.stdout,
+) -> int:
+    """Simulate the scenario and write the results; the exit status (0 done, 2 a bad scenario,
+    run selection or config)."""
+    try:
+        scenario = load_scenario(scenario_path)
+    except ScenarioError as exc:
+        print(f"slotshift simulate: invalid scenario: {exc}", file=sys.stderr)
+        return 2
+    if runs is not None:
+        known = [r.name for r in scenario.policies]
+        unknown = [name for name in runs if name not in known]
+        if not runs or unknown:
+            print(f"slotshift simulate: --runs: pick among {', '.join(known)}", file=sys.stderr)
+            return 2
+        scenario = scenario.model_copy(
+            update={"policies": [r for r in scenario.policies if r.name in runs]}
+        )
+    if (duration_s is not None and duration_s <= 0) or (warmup_s is not None and warmup_s < 0):
+        print(
+            "slotshift simulate: --duration must be positive, --warmup not negative",
+            file=sys.stderr,
+        )
+        return 2
+    steady_s = duration_s if duration_s is not None else scenario.steady_s
+    warmup = warmup_s if warmup_s is not None else scaled_warmup_s(scenario, steady_s)
+    started = datetime.datetime.now(datetime.UTC)
+    folder = out_dir if out_dir is not None else default_out_dir(f"{scenario.name}-twin", started)
+    try:
+        simulated = simulate_scenario(
+            scenario, steady_s=steady_s, warmup_s=warmup, overrides=overrides, settings=settings
+        )
+    except ConfigError as exc:
+        print(f"slotshift simulate: {exc}", file=sys.stderr)
+        return 2
+    folder.mkdir(parents=True, exist_ok=True)
+    records = {name: run.record for name, run in simulated.items()}
+    stats = {name: run.stats for name, run in simulated.items()}
+    for name, run in simulated.items():
+        write_run_files(folder / name, run.result)
+    bench_settings = RunSettings(
+        warmup_s=warmup,
+        steady_s=steady_s,
+        out_dir=folder,
+        command_line_overrides=dict(overrides or {}),
+        log_level="WARNING",
+        progress=io.StringIO(),
+    )
+    meta = results_meta(scenario, scenario_path, bench_settings, started, records, runs)
+    meta["command"] = meta["command"].replace("slotshift bench", "slotshift simulate", 1)
+    meta["twin"] = twin_meta(stats, settings or TwinSettings())
+    document = summary_document(
+        scenario, {name: record.summary for name, record in records.items()}, meta
+    )
+    table = markdown_table(document)
+    write_results(scenario, folder, document, table, records, meta)
+    twin = meta["twin"]
+    print(table, file=out)
+    print(
+        f"twin: {twin['simulated_s']:.0f} s simulated in {twin['cpu_s']:.1f} s of CPU "
+        f"({twin['speed_factor']:.0f}x real time); results: {folder}",
+        file=out,
+    )
+    return 0
+
+
+def twin_meta(stats: dict[str, TwinStats], settings: TwinSettings) -> dict[str, Any]:
+    """summary.json's `meta.twin`: the settings, and how fast the runs were together."""
+    cpu_s = sum(s.cpu_s for s in stats.values())
+    simulated_s = sum(s.simulated_s for s in stats.values())
+    return {
+        "settings": settings.model_dump(mode="json"),
+        "cpu_s": cpu_s,
+        "simulated_s": simulated_s,
+        "speed_factor": simulated_s / cpu_s if cpu_s > 0 else None,
+        "runs": {name: asdict(s) for name, s in stats.items()},
+    }
