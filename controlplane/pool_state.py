@@ -592,15 +592,15 @@ class _PoolLoads:
 
     Latency windows cannot be merged exactly without their samples: the p50 is weighted by
     count, the p90 and p99 are the worst (the tail errs on the safe side). Sums are updated as
-    figures change; the worst, which no subtraction can undo, is recomputed at the next
-    snapshot for the tenants whose figures changed."""
+    figures change; the worst, which no subtraction can undo, and the merged summaries are
+    recomputed at the next snapshot for the tenants whose figures changed."""
 
     def __init__(self, tenants: Iterable[str]) -> None:
         self._sums = {name: _Sums() for name in tenants}
         self._stale: set[str] = set(self._sums)
         """Tenants whose worst latencies must be recomputed."""
-        self._worst: dict[str, tuple[float, float, float, float]] = {}
-        """tenant -> worst (ttft p90, ttft p99, e2e p90, e2e p99) over its gateways."""
+        self._latency: dict[str, tuple[LatencySummary, LatencySummary]] = {}
+        """tenant -> its (ttft, e2e) merged over its gateways, as of its last change."""
 
     def replaced(self, old: TenantDemand | None, new: TenantDemand | None) -> None:
         """A gateway's figure of one tenant left (new None), came (old None) or changed."""
@@ -634,13 +634,17 @@ class _PoolLoads:
                 if figures.e2e.count > 0:
                     worst[2] = max(worst[2], figures.e2e.p90_ms)
                     worst[3] = max(worst[3], figures.e2e.p99_ms)
-            self._worst[name] = (worst[0], worst[1], worst[2], worst[3])
+            sums = self._sums[name]
+            self._latency[name] = (
+                _summary(sums.ttft_count, sums.ttft_weighted, worst[0], worst[1]),
+                _summary(sums.e2e_count, sums.e2e_weighted, worst[2], worst[3]),
+            )
         self._stale.clear()
         # With removed tenants among the figures, a count no longer says a gateway names every
         # pool tenant.
         oldest = _oldest_observed(records, None if draining else len(self._sums))
         return {
-            name: sums.load(self._worst.get(name, (0.0, 0.0, 0.0, 0.0)), oldest(name), now_wall_s)
+            name: sums.load(*self._latency[name], oldest(name), now_wall_s)
             for name, sums in self._sums.items()
         }
 
@@ -707,13 +711,13 @@ class _Sums:
             self.e2e_weighted += sign * figures.e2e.p50_ms * figures.e2e.count
 
     def load(
-        self, worst: tuple[float, float, float, float], oldest: float | None, now_wall_s: float
+        self, ttft: LatencySummary, e2e: LatencySummary, oldest: float | None, now_wall_s: float
     ) -> TenantLoad:
         return TenantLoad(
             in_flight=self.in_flight,
             queued=self.queued,
-            ttft=_summary(self.ttft_count, self.ttft_weighted, worst[0], worst[1]),
-            e2e=_summary(self.e2e_count, self.e2e_weighted, worst[2], worst[3]),
+            ttft=ttft,
+            e2e=e2e,
             admitted_total=self.admitted,
             completed_total=self.completed,
             rejected_total=self.rejected,
