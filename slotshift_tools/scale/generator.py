@@ -144,8 +144,8 @@ class SimGateway:
         self._rng = np.random.default_rng([spec.seed, index])
         self.applied_version = 0
         self._last_step_wall_s: float | None = None
-        self._figures_sent: dict[str, bytes] = {}
-        """What the control plane holds of each tenant's figures on the open stream."""
+        self._rows_sent: IntArray | None = None
+        """The figures the control plane holds from this stream (see _rows); None: none yet."""
         self._whole_due_s = 0.0
 
     async def run(self) -> None:
@@ -286,43 +286,49 @@ class SimGateway:
     def _figures(self, *, whole: bool) -> tuple[list[common_pb2.TenantDemand], bool]:
         """As the real gateway (admission_gateway/control_client.py): only the tenants whose
         figures changed since the last message on the stream (a delta), and every tenant on a
-        new stream and once per FULL_REPORT_INTERVAL_S."""
-        usage = self._usage()
+        new stream and once per FULL_REPORT_INTERVAL_S. Changes are found on the cells' arrays,
+        so a delta costs the generator about the tenants it names (the load must stay cheap
+        beside the control plane it measures)."""
+        rows = self._rows()
         now = self._clock.monotonic()
-        if whole or now >= self._whole_due_s:
-            self._figures_sent = {d.tenant: d.SerializeToString() for d in usage}
+        if whole or now >= self._whole_due_s or self._rows_sent is None:
+            self._rows_sent = rows
             self._whole_due_s = now + FULL_REPORT_INTERVAL_S
-            return usage, False
-        changed = []
-        for demand in usage:
-            encoded = demand.SerializeToString()
-            if self._figures_sent.get(demand.tenant) != encoded:
-                self._figures_sent[demand.tenant] = encoded
-                changed.append(demand)
-        return changed, True
+            return self._usage(rows, np.arange(rows.shape[1])), False
+        changed = np.flatnonzero((rows != self._rows_sent).any(axis=0))
+        self._rows_sent[:, changed] = rows[:, changed]
+        return self._usage(rows, changed), True
 
-    def _usage(self) -> list[common_pb2.TenantDemand]:
-        """Every tenant's usage in a real gateway's shape (the latency windows are synthetic:
-        no SLO is set at this benchmark's tenants, so the policy reads only their counts)."""
+    def _rows(self) -> IntArray:
+        """The figures a report carries, one row each: in flight, queued, admitted, completed,
+        limit (the latency summaries are functions of these)."""
         cells = self.cells
-        queued = cells.queued
-        rows = zip(
-            self._spec.tenants,
-            cells.in_flight.tolist(),
-            queued.tolist(),
-            cells.admitted_total.tolist(),
-            cells.completed_total.tolist(),
-            cells.limit.tolist(),
-            strict=True,
-        )
+        return np.stack(
+            [
+                cells.in_flight,
+                cells.queued,
+                cells.admitted_total,
+                cells.completed_total,
+                cells.limit,
+            ]
+        ).astype(np.int64)
+
+    def _usage(self, rows: IntArray, columns: IntArray) -> list[common_pb2.TenantDemand]:
+        """The usage of the tenants in `columns`, in a real gateway's shape (the latency windows
+        are synthetic: no SLO is set at this benchmark's tenants, so the policy reads only their
+        counts)."""
+        tenants = self._spec.tenants
         service_ms = self._spec.settings.mean_service_s * 1000.0
+        picked = rows[:, columns].T.tolist()
         demands = []
-        for tenant, in_flight, waiting, admitted, completed, limit in rows:
+        for column, (in_flight, waiting, admitted, completed, limit) in zip(
+            columns.tolist(), picked, strict=True
+        ):
             count = min(completed, 1024)
             wait_ms = 50.0 * waiting
             demands.append(
                 common_pb2.TenantDemand(
-                    tenant=tenant,
+                    tenant=tenants[column],
                     in_flight=in_flight,
                     queued=waiting,
                     admitted_total=admitted,
