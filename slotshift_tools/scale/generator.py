@@ -35,6 +35,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
@@ -118,6 +119,9 @@ class Recorder:
 
 FULL_REPORT_INTERVAL_S = 5.0
 """The real gateway's default `full_report_interval_s`."""
+
+_WHOLE_CHUNK_TENANTS = 1000
+"""Tenants built between two turns of the loop in a whole report (about 8 ms)."""
 
 
 class SimGateway:
@@ -233,22 +237,35 @@ class SimGateway:
             # A late loop reports once and carries on from now, rather than catching up.
             next_s = max(next_s + interval, self._clock.monotonic())
             self.step()
-            figures, delta = self._figures(whole=False)
-            report = gateway_pb2.GatewayMessage(
-                demand=gateway_pb2.DemandReport(
-                    pool=self._spec.pool,
-                    gateway_id=self.gateway_id,
-                    applied_version=self.applied_version,
-                    observed_at=to_timestamp(self._clock.wall()),
-                    tenants=figures,
-                    delta=delta,
-                )
-            )
             try:
-                await self._write(call, writes, report)
+                if self._clock.monotonic() >= self._whole_due_s:
+                    # The lock first: an ack built meanwhile names what changed since these
+                    # figures, so it must follow them on the stream.
+                    async with writes:
+                        observed_at = to_timestamp(self._clock.wall())
+                        report = self._report(await self._whole_figures(), False, observed_at)
+                        await call.write(report)
+                else:
+                    figures, delta = self._figures(whole=False)
+                    report = self._report(figures, delta, to_timestamp(self._clock.wall()))
+                    await self._write(call, writes, report)
             except STREAM_GONE:
                 return  # the stream is gone; the reader sees it too
             self._recorder.reports.append((self.index, self._clock.wall(), report.ByteSize()))
+
+    def _report(
+        self, figures: list[common_pb2.TenantDemand], delta: bool, observed_at: Timestamp
+    ) -> gateway_pb2.GatewayMessage:
+        return gateway_pb2.GatewayMessage(
+            demand=gateway_pb2.DemandReport(
+                pool=self._spec.pool,
+                gateway_id=self.gateway_id,
+                applied_version=self.applied_version,
+                observed_at=observed_at,
+                tenants=figures,
+                delta=delta,
+            )
+        )
 
     def step(self) -> None:
         """Move the requests to now: redraw what the dynamics say, let requests end and more
@@ -284,20 +301,33 @@ class SimGateway:
         self._recorder.held.record(self._clock.wall(), positions + self._cell_base, held[positions])
 
     def _figures(self, *, whole: bool) -> tuple[list[common_pb2.TenantDemand], bool]:
-        """As the real gateway (admission_gateway/control_client.py): only the tenants whose
-        figures changed since the last message on the stream (a delta), and every tenant on a
-        new stream and once per FULL_REPORT_INTERVAL_S. Changes are found on the cells' arrays,
-        so a delta costs the generator about the tenants it names (the load must stay cheap
-        beside the control plane it measures)."""
+        """As the real gateway (admission_gateway/control_client.py): every tenant (`whole`: on a
+        new stream, and once per FULL_REPORT_INTERVAL_S from the periodic report), otherwise only
+        the tenants whose figures changed since the last message on the stream (a delta).
+        Changes are found on the cells' arrays, so a delta costs the generator about the tenants
+        it names (the load must stay cheap beside the control plane it measures)."""
         rows = self._rows()
-        now = self._clock.monotonic()
-        if whole or now >= self._whole_due_s or self._rows_sent is None:
+        if whole or self._rows_sent is None:
             self._rows_sent = rows
-            self._whole_due_s = now + FULL_REPORT_INTERVAL_S
+            self._whole_due_s = self._clock.monotonic() + FULL_REPORT_INTERVAL_S
             return self._usage(rows, np.arange(rows.shape[1])), False
         changed = np.flatnonzero((rows != self._rows_sent).any(axis=0))
         self._rows_sent[:, changed] = rows[:, changed]
         return self._usage(rows, changed), True
+
+    async def _whole_figures(self) -> list[common_pb2.TenantDemand]:
+        """Every tenant's figures as of now, built in chunks with the loop let run between them,
+        so that a report of 10,000 tenants does not stall the other simulated gateways of this
+        process (the caller holds the stream's write lock: nothing is sent meanwhile)."""
+        rows = self._rows()
+        self._rows_sent = rows
+        self._whole_due_s = self._clock.monotonic() + FULL_REPORT_INTERVAL_S
+        figures: list[common_pb2.TenantDemand] = []
+        columns = np.arange(rows.shape[1])
+        for start in range(0, columns.size, _WHOLE_CHUNK_TENANTS):
+            figures.extend(self._usage(rows, columns[start : start + _WHOLE_CHUNK_TENANTS]))
+            await asyncio.sleep(0)
+        return figures
 
     def _rows(self) -> IntArray:
         """The figures a report carries, one row each: in flight, queued, admitted, completed,
