@@ -40,6 +40,10 @@ async def controlplane() -> AsyncIterator[RecordingControlPlane]:
     await server.stop()
 
 
+POOL_A = (("pool", "pool-a"),)
+"""The labels of the agent's series about the engine of pool-a."""
+
+
 def agent_config(engine: FakeEngineMetrics, target: str) -> AgentConfig:
     return AgentConfig(
         pool="pool-a",
@@ -144,10 +148,10 @@ async def test_a_failing_engine_is_reported_as_such_and_counted(
     assert list(report.gpus) == []
     assert status == 200
     values = metric_values(text)
-    errors = values[("slotshift_agent_scrape_errors_total", (("reason", "http_status"),))]
+    errors = values[("slotshift_agent_scrape_errors_total", (("pool", "pool-a"), ("reason", "http_status")))]
     assert errors >= 2
-    assert values[("slotshift_agent_scrape_errors_total", (("reason", "timeout"),))] == 0
-    assert values[("slotshift_agent_gpu_available", ())] == 0
+    assert values[("slotshift_agent_scrape_errors_total", (("pool", "pool-a"), ("reason", "timeout")))] == 0
+    assert values[("slotshift_agent_gpu_available", POOL_A)] == 0
 
 
 async def test_own_metrics_and_health_endpoint(
@@ -164,11 +168,11 @@ async def test_own_metrics_and_health_endpoint(
         await agent.stop()
     assert metrics_status == 200
     values = metric_values(text)
-    assert values[("slotshift_agent_scrapes_total", ())] >= 2
-    assert values[("slotshift_agent_reports_sent_total", ())] >= 1
-    assert values[("slotshift_agent_controlplane_connected", ())] == 1
-    assert values[("slotshift_agent_gpu_available", ())] == 1
-    assert values[("slotshift_agent_last_scrape_duration_seconds", ())] >= 0
+    assert values[("slotshift_agent_scrapes_total", POOL_A)] >= 2
+    assert values[("slotshift_agent_reports_sent_total", POOL_A)] >= 1
+    assert values[("slotshift_agent_controlplane_connected", POOL_A)] == 1
+    assert values[("slotshift_agent_gpu_available", POOL_A)] == 1
+    assert values[("slotshift_agent_last_scrape_duration_seconds", POOL_A)] >= 0
     assert health_status == 200
     assert '"controlplane_connected": true' in health
     assert '"gpu_source": "GPU_SOURCE_NVML"' in health
@@ -216,7 +220,9 @@ async def test_reconnects_after_the_control_plane_restarts_on_the_same_port(
 
 
 def superseded(agent: TelemetryAgent) -> float:
-    value = agent.metrics.registry.get_sample_value("slotshift_agent_reports_superseded_total")
+    value = agent.metrics.registry.get_sample_value(
+        "slotshift_agent_reports_superseded_total", {"pool": "pool-a"}
+    )
     return value or 0.0
 
 
@@ -230,9 +236,8 @@ async def test_while_the_control_plane_is_away_only_the_latest_report_waits(
     await agent.start()
     controlplane: RecordingControlPlane | None = None
     try:
-        await wait_until(lambda: agent.last_report is not None, message="a first sample")
-        assert agent.last_report is not None
-        first_sampled = agent.last_report.observed_at.ToNanoseconds()
+        await wait_until(lambda: "pool-a" in agent.last_reports, message="a first sample")
+        first_sampled = agent.last_reports["pool-a"].observed_at.ToNanoseconds()
         await wait_until(
             lambda: superseded(agent) >= 3,
             message="unsent reports replaced by newer ones",
