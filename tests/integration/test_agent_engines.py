@@ -23,6 +23,7 @@ from controlplane.server import ControlPlane
 from engine_sim.server import EngineSim
 from slotshift.config import EngineSimConfig, SlotshiftConfig, parse_config
 from slotshift.v1 import query_pb2, query_pb2_grpc
+from telemetry_agent.agent import TelemetryAgent
 from telemetry_agent.main import run
 from tests.support import wait_until
 from tests.unit.telemetry_agent.fake_pynvml import FakeGpu, FakePynvml
@@ -170,3 +171,55 @@ async def test_each_pool_holds_its_own_engines_and_gpus_figures_and_decides_on_t
         assert all(t.gpu_utilization_pct == utilization_pct for t in used), pool
         assert all(not t.gpu_emulated for t in used), pool
         assert any(t.num_requests_running == running for t in used if t.fresh), pool
+
+
+async def test_a_pool_the_control_plane_refuses_cuts_no_other_pools_telemetry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    FakePynvml([CHAT_GPU, CODE_GPU]).install(monkeypatch)
+    async with AsyncExitStack() as exits:
+        engine = EngineSim(EngineSimConfig(port=0))
+        await engine.start()
+        exits.push_async_callback(engine.stop)
+        # The control plane knows `chat` only; the agent's config also names `code` (a control
+        # plane lagging behind a new pool): each report of `code` ends its stream with NOT_FOUND.
+        only_chat = parse_config(
+            {
+                "pools": [
+                    {"name": "chat", "budget_slots": 8, "tenants": [{"name": "A"}]},
+                ],
+                "controlplane": {"grpc_port": 0, "metrics_port": 0},
+            }
+        )
+        control_plane = ControlPlane(only_chat)
+        await control_plane.start()
+        exits.push_async_callback(control_plane.stop)
+        agent_config = _config(
+            {"chat": engine.url, "code": engine.url.replace("127.0.0.1", "localhost")},
+            control_plane.grpc_port,
+        ).agent
+        agent = TelemetryAgent(agent_config, agent_id=AGENT_ID)
+        await agent.start()
+        exits.push_async_callback(agent.stop)
+        state = control_plane.pools["chat"]
+        await wait_until(lambda: state.telemetry is not None, message="chat's first report")
+        assert state.telemetry is not None
+        first = state.telemetry.received_at_s
+        await wait_until(
+            lambda: (
+                (
+                    agent.metrics.registry.get_sample_value(
+                        "slotshift_agent_reports_sent_total", {"pool": "code"}
+                    )
+                    or 0
+                )
+                >= 3
+            ),
+            message="code's reports sent and refused",
+        )
+        await wait_until(
+            lambda: state.telemetry is not None and state.telemetry.received_at_s > first + 0.3,
+            message="chat's reports arriving on meanwhile",
+        )
+        assert agent.stream_connected("chat")
+        assert state.telemetry.gpu_utilization_pct == CHAT_GPU.utilization_pct
