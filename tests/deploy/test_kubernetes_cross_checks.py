@@ -347,7 +347,10 @@ def test_service_links_are_off_so_no_variable_shadows_the_clis(overlay: Manifest
 
 
 def _mount_of(container: Obj, path: PurePosixPath) -> Obj:
-    (mount,) = [m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    mounts: list[Obj] = [
+        m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])
+    ]
+    (mount,) = mounts
     return mount
 
 
