@@ -225,7 +225,7 @@ async def _pauses(session: aiohttp.ClientSession, gateways: list[str]) -> dict[s
 
 async def _engine_in_server(session: aiohttp.ClientSession, config: SlotshiftConfig) -> int | None:
     """Requests inside the engine (running plus waiting), from its /metrics."""
-    url = config.agent.engine_metrics_url
+    url = config.agent.engine_of(config.gateway.pool).metrics_url
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
         async with session.get(url) as response:
             return requests_inside(await response.text())

@@ -1,8 +1,13 @@
-"""The agent's own Prometheus metrics, in a registry of its own (one per agent instance)."""
+"""The agent's own Prometheus metrics, in a registry of its own (one per agent instance).
+
+Every series carries the `pool` of the engine it is about: an agent may watch several engines,
+and their figures are never summed or averaged into one series here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
@@ -11,69 +16,103 @@ from prometheus_client.registry import Collector
 from slotshift.v1 import telemetry_pb2
 from telemetry_agent.engine_scraper import SCRAPE_ERROR_REASONS
 
-LatestReport = Callable[[], telemetry_pb2.TelemetryReport | None]
-"""Returns the report built most recently, if any."""
+LatestReports = Callable[[], Iterable[telemetry_pb2.TelemetryReport]]
+"""Returns the report built most recently for each engine that has one."""
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """One engine's series (the children for its pool): what its sampler and stream update."""
+
+    scrapes: Counter
+    scrape_errors: Callable[[str], Counter]
+    """The error counter of one reason (one of SCRAPE_ERROR_REASONS)."""
+    last_scrape_duration: Gauge
+    reports_sent: Counter
+    reports_superseded: Counter
+    controlplane_connected: Gauge
+    gpu_available: Gauge
 
 
 class AgentMetrics:
-    """Counters and gauges that say whether the agent sees its engine and reaches the control
-    plane; with `latest_report`, also the engine and GPU figures of the latest report."""
+    """Counters and gauges that say, per engine (label `pool`), whether the agent sees it and
+    reaches the control plane for it; with `latest_reports`, also the engine and GPU figures of
+    each engine's latest report."""
 
-    def __init__(self, latest_report: LatestReport | None = None) -> None:
+    def __init__(self, latest_reports: LatestReports | None = None) -> None:
         self.registry = CollectorRegistry()
-        if latest_report is not None:
-            self.registry.register(_ReportCollector(latest_report))
-        self.scrapes = Counter(
+        if latest_reports is not None:
+            self.registry.register(_ReportCollector(latest_reports))
+        self._scrapes = Counter(
             "slotshift_agent_scrapes_total",
             "Scrapes of the engine's /metrics, successful or not.",
+            ["pool"],
             registry=self.registry,
         )
-        self.scrape_errors = Counter(
+        self._scrape_errors = Counter(
             "slotshift_agent_scrape_errors_total",
             "Scrapes of the engine's /metrics that failed, by reason.",
-            ["reason"],
+            ["pool", "reason"],
             registry=self.registry,
         )
-        for reason in SCRAPE_ERROR_REASONS:
-            # Present from the start at 0, so that rate() sees the first error.
-            self.scrape_errors.labels(reason=reason)
-        self.last_scrape_duration = Gauge(
+        self._last_scrape_duration = Gauge(
             "slotshift_agent_last_scrape_duration_seconds",
             "How long the latest scrape of the engine's /metrics took.",
+            ["pool"],
             registry=self.registry,
         )
-        self.reports_sent = Counter(
+        self._reports_sent = Counter(
             "slotshift_agent_reports_sent_total",
             "Telemetry reports written to the control plane's stream.",
+            ["pool"],
             registry=self.registry,
         )
-        self.reports_superseded = Counter(
+        self._reports_superseded = Counter(
             "slotshift_agent_reports_superseded_total",
             "Reports replaced by a newer one before they could be sent (control plane away).",
+            ["pool"],
             registry=self.registry,
         )
-        self.controlplane_connected = Gauge(
+        self._controlplane_connected = Gauge(
             "slotshift_agent_controlplane_connected",
-            "1 while the telemetry stream to the control plane is open, else 0.",
+            "1 while the engine's telemetry stream to the control plane is open, else 0.",
+            ["pool"],
             registry=self.registry,
         )
-        self.gpu_available = Gauge(
+        self._gpu_available = Gauge(
             "slotshift_agent_gpu_available",
-            "1 when the latest report carried GPU figures measured through NVML, else 0 "
+            "1 when the engine's latest report carried GPU figures measured through NVML, else 0 "
             "(figures modelled by the engine emulator count as 0).",
+            ["pool"],
             registry=self.registry,
+        )
+
+    def engine(self, pool: str) -> EngineMetrics:
+        """The series of the engine of `pool`, created at 0 (so that rate() sees the first
+        error and the first report)."""
+        errors = {
+            reason: self._scrape_errors.labels(pool=pool, reason=reason)
+            for reason in SCRAPE_ERROR_REASONS
+        }
+        return EngineMetrics(
+            scrapes=self._scrapes.labels(pool=pool),
+            scrape_errors=errors.__getitem__,
+            last_scrape_duration=self._last_scrape_duration.labels(pool=pool),
+            reports_sent=self._reports_sent.labels(pool=pool),
+            reports_superseded=self._reports_superseded.labels(pool=pool),
+            controlplane_connected=self._controlplane_connected.labels(pool=pool),
+            gpu_available=self._gpu_available.labels(pool=pool),
         )
 
 
 class _ReportCollector(Collector):
-    """The figures of the latest report, read at scrape time; a figure the report lacks (failed
-    scrape, no GPU) is absent rather than zero."""
+    """The figures of each engine's latest report, read at scrape time; a figure a report lacks
+    (failed scrape, no GPU) is absent rather than zero."""
 
-    def __init__(self, latest_report: LatestReport) -> None:
-        self._latest_report = latest_report
+    def __init__(self, latest_reports: LatestReports) -> None:
+        self._latest_reports = latest_reports
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        report = self._latest_report()
         running = GaugeMetricFamily(
             "slotshift_agent_engine_requests_running",
             "Requests in the engine's running batch (vllm:num_requests_running), last scrape.",
@@ -104,7 +143,7 @@ class _ReportCollector(Collector):
             "GPU memory in all, last reading.",
             labels=["pool", "gpu"],
         )
-        if report is not None:
+        for report in self._latest_reports():
             engine = report.engine
             pool = report.pool
             if engine.scrape_ok:

@@ -109,15 +109,22 @@ class GpuReading:
 
 
 class GpuMonitor:
-    """Reads the GPUs through a GpuReader without blocking the event loop."""
+    """Reads the GPUs through a GpuReader without blocking the event loop. Several tasks may
+    read at once (one per engine): their readings are taken one after the other, so that NVML is
+    opened once and never closed under a reading."""
 
     def __init__(self, reader: GpuReader) -> None:
         self._reader = reader
         self._opened = False
         self._last_reason: str | None = None
+        self._lock = asyncio.Lock()
 
     async def read(self) -> GpuReading:
         """One reading of every GPU, or the reason there is none."""
+        async with self._lock:
+            return await self._read()
+
+    async def _read(self) -> GpuReading:
         if not self._opened:
             try:
                 await asyncio.to_thread(self._reader.open)
@@ -141,13 +148,14 @@ class GpuMonitor:
 
     async def close(self) -> None:
         """Release NVML if it was opened."""
-        if not self._opened:
-            return
-        self._opened = False
-        try:
-            await asyncio.to_thread(self._reader.close)
-        except GpuReadError as exc:
-            logger.warning("%s", exc)
+        async with self._lock:
+            if not self._opened:
+                return
+            self._opened = False
+            try:
+                await asyncio.to_thread(self._reader.close)
+            except GpuReadError as exc:
+                logger.warning("%s", exc)
 
     def _unavailable(self, reason: str) -> GpuReading:
         if reason != self._last_reason:

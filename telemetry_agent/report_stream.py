@@ -28,7 +28,7 @@ from slotshift.reconnect import STREAM_GONE, ReconnectingStream, StreamState
 from slotshift.tls import ChannelSecurity, load_channel_security, open_channel
 from slotshift.trace_context import carrier_of, grpc_metadata
 from slotshift.v1 import telemetry_pb2, telemetry_pb2_grpc
-from telemetry_agent.agent_metrics import AgentMetrics
+from telemetry_agent.agent_metrics import EngineMetrics
 from telemetry_agent.report_trace import SEND_SPAN, report_attributes
 
 logger = logging.getLogger(__name__)
@@ -39,20 +39,22 @@ _Call = grpc.aio.StreamUnaryCall[
 
 
 class TelemetryStream:
-    """Sends the latest report over TelemetryService.StreamTelemetry, reconnecting as needed.
+    """Sends one engine's latest report over TelemetryService.StreamTelemetry, reconnecting as
+    needed: an agent keeps one stream per engine (docs/architecture.md says why).
 
-    load_credentials() first; publish() from the sampler; run() as a supervised task; finish() to
-    end the stream cleanly.
+    load_credentials() first; publish() from the engine's sampler; run() as a supervised task;
+    finish() to end the stream cleanly. `pool` names the stream in its log lines.
     """
 
     def __init__(
         self,
         target: str,
         *,
+        pool: str,
         reconnect_initial_s: float,
         reconnect_max_s: float,
         clock: Clock,
-        metrics: AgentMetrics,
+        metrics: EngineMetrics,
         rng: random.Random | None = None,
         tracer: trace.Tracer | None = None,
         tls: ClientTlsConfig | None = None,
@@ -68,7 +70,7 @@ class TelemetryStream:
         self._link = ReconnectingStream(
             self._session,
             open_channel=self._open_channel,
-            stream="telemetry stream",
+            stream=f"telemetry stream of pool {pool}",
             peer=f"the control plane at {target}",
             initial_s=reconnect_initial_s,
             max_s=reconnect_max_s,

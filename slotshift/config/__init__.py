@@ -30,20 +30,24 @@ from slotshift.config.preemption import PreemptionConfig
 from slotshift.config.secrets import read_secret_file, read_secret_text, reveal, revealed
 from slotshift.config.services import (
     AgentConfig,
+    AgentEngineConfig,
     ControlPlaneConfig,
     GatewayConfig,
+    GpuSelector,
     RequestLogConfig,
 )
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
 __all__ = [
     "AgentConfig",
+    "AgentEngineConfig",
     "AgentPolicyConfig",
     "ClientTlsConfig",
     "ConfigError",
     "ControlPlaneConfig",
     "EngineSimConfig",
     "GatewayConfig",
+    "GpuSelector",
     "LocalStackConfig",
     "PolicyName",
     "PoolConfig",

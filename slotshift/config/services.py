@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from slotshift.config.base import ConfigModel, Port, PositiveSeconds
+from slotshift.config.base import ConfigModel, Name, Port, PositiveSeconds
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
 
@@ -186,11 +187,73 @@ class GatewayConfig(ConfigModel):
     """Record one line per finished request (never prompts, outputs or keys); unset: no log."""
 
 
-class AgentConfig(ConfigModel):
-    """The telemetry agent on the GPU node."""
+GpuIndex = Annotated[int, Field(ge=0)]
+"""A GPU by its NVML index: 0, 1, ... in NVML's order, which is PCI bus order (`nvidia-smi`'s),
+not necessarily CUDA's default order (`CUDA_DEVICE_ORDER=FASTEST_FIRST`)."""
 
-    pool: str = "default"
-    """The pool whose engine this agent watches."""
+GpuUuid = Annotated[str, Field(pattern=r"^GPU-[0-9A-Fa-f-]{8,}$")]
+"""A GPU by its NVML UUID, as `nvidia-smi -L` prints it (`GPU-5b3a9c1e-...`): stable across
+reboots and re-enumeration, unlike an index. MIG instances (`MIG-...`) are not read."""
+
+GpuSelector = GpuIndex | GpuUuid
+"""One GPU of an engine: an index or a UUID."""
+
+DEFAULT_AGENT_POOL = "default"
+"""The pool of the one engine of the one-engine shorthand when `agent.pool` is unset."""
+
+DEFAULT_ENGINE_METRICS_URL = "http://127.0.0.1:8000/metrics"
+"""The /metrics of the one engine of the one-engine shorthand when `agent.engine_metrics_url` is
+unset: vLLM on its default port on the agent's host."""
+
+
+class AgentEngineConfig(ConfigModel):
+    """One engine the agent watches: the pool it is, its /metrics, and the GPUs it runs on."""
+
+    pool: Name
+    """The pool whose engine this is: every report of this engine names it, and carries this
+    engine's figures and its GPUs' only."""
+
+    metrics_url: Annotated[str, Field(pattern=r"^https?://")]
+    """The engine's Prometheus endpoint (vLLM's /metrics), scraped every interval_s."""
+
+    gpus: list[GpuSelector] | None = None
+    """The engine's GPUs, each by NVML index or UUID (prefer UUIDs: an index names another GPU
+    when one is removed). Unset, with gpus_file unset too: every GPU NVML shows, which only an
+    agent watching one engine may do (validation refuses it for several). Empty: the engine has
+    no GPU of its own (a CPU engine, the emulator), and its report carries no NVML figures."""
+
+    gpus_file: str | None = None
+    """Instead of gpus: a file naming the engine's GPUs, one index or UUID per line (blank lines
+    and `#` comments skipped), written by what starts the engine (on Kubernetes, the engine's
+    container, from the GPUs the device plugin gave it: docs/operations.md). Read at every GPU
+    reading, so it may appear after the agent starts; until it names a GPU the engine's reports
+    carry no NVML figures and say why. Relative to the config file's folder."""
+
+    @model_validator(mode="after")
+    def _one_way_to_name_gpus(self) -> AgentEngineConfig:
+        if self.gpus is not None and self.gpus_file is not None:
+            raise ValueError(f"engine of pool {self.pool!r}: set gpus or gpus_file, not both")
+        if self.gpus is not None:
+            repeated = _repeated(_gpu_key(g) for g in self.gpus)
+            if repeated:
+                raise ValueError(f"engine of pool {self.pool!r}: gpus repeat {repeated}")
+        return self
+
+
+class AgentConfig(ConfigModel):
+    """The telemetry agent on a GPU node: the engines it watches and its stream to the control
+    plane. Either `engines` lists them (several engines, each a pool with its own GPUs), or the
+    one-engine shorthand `pool` and `engine_metrics_url` names one engine, whose GPUs are every
+    GPU NVML shows; `watched_engines` is the list either way."""
+
+    engines: list[AgentEngineConfig] = Field(default_factory=list)
+    """The engines on this node, each the engine of its own pool, with its own /metrics and its
+    own GPUs: no pool, /metrics URL or GPU may appear twice. Empty: the one engine of the
+    shorthand below."""
+
+    pool: Name | None = None
+    """One-engine shorthand (not with engines): the pool of the one engine watched; unset:
+    `default`."""
 
     agent_id: str = ""
     """This agent's name in reports; empty means the host name."""
@@ -202,14 +265,15 @@ class AgentConfig(ConfigModel):
     """TLS on the telemetry stream to the control plane (set when controlplane.tls is), with a
     client certificate for mutual TLS; unset: plaintext."""
 
-    engine_metrics_url: str = "http://127.0.0.1:8000/metrics"
-    """vLLM's Prometheus endpoint."""
+    engine_metrics_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    """One-engine shorthand (not with engines): that engine's Prometheus endpoint (vLLM's
+    /metrics); unset: `http://127.0.0.1:8000/metrics`."""
 
     interval_s: PositiveSeconds = 1.0
-    """Seconds between two reports."""
+    """Seconds between two reports of each engine."""
 
     scrape_timeout_s: PositiveSeconds = 2.0
-    """Longest a scrape of the engine's /metrics may take."""
+    """Longest a scrape of an engine's /metrics may take."""
 
     reconnect_initial_s: PositiveSeconds = 0.2
     """First delay before reconnecting to the control plane; doubles up to reconnect_max_s."""
@@ -223,3 +287,74 @@ class AgentConfig(ConfigModel):
 
     host: str = "127.0.0.1"
     """Address the agent's /metrics endpoint binds."""
+
+    @property
+    def watched_engines(self) -> tuple[AgentEngineConfig, ...]:
+        """The engines this agent watches: `engines`, or the shorthand's one engine (every GPU
+        NVML shows is its)."""
+        if self.engines:
+            return tuple(self.engines)
+        return (
+            AgentEngineConfig(
+                pool=self.pool or DEFAULT_AGENT_POOL,
+                metrics_url=self.engine_metrics_url or DEFAULT_ENGINE_METRICS_URL,
+            ),
+        )
+
+    def engine_of(self, pool: str) -> AgentEngineConfig:
+        """The watched engine of `pool`; KeyError when this agent watches none for it."""
+        for engine in self.watched_engines:
+            if engine.pool == pool:
+                return engine
+        raise KeyError(pool)
+
+    @model_validator(mode="after")
+    def _engines_apart(self) -> AgentConfig:
+        if not self.engines:
+            return self
+        shorthand = [
+            name for name in ("pool", "engine_metrics_url") if getattr(self, name) is not None
+        ]
+        if shorthand:
+            raise ValueError(
+                f"{' and '.join(shorthand)}: the one-engine shorthand; with engines, give each "
+                "engine's pool and metrics_url there"
+            )
+        for what, values in (
+            ("pools", [e.pool for e in self.engines]),
+            ("metrics_url values", [e.metrics_url for e in self.engines]),
+            ("gpus", [_gpu_key(g) for e in self.engines for g in e.gpus or ()]),
+        ):
+            repeated = _repeated(values)
+            if repeated:
+                raise ValueError(f"engines: {what} repeat across engines: {repeated}")
+        if len(self.engines) > 1:
+            unnamed = [e.pool for e in self.engines if e.gpus is None and e.gpus_file is None]
+            if unnamed:
+                raise ValueError(
+                    f"engines of pools {unnamed} name no GPUs: with several engines, each lists "
+                    "its gpus (or a gpus_file; [] for none); every GPU is the default of a lone "
+                    "engine only"
+                )
+            kinds = {type(g) for e in self.engines for g in e.gpus or ()}
+            if len(kinds) > 1:
+                raise ValueError(
+                    "engines: name every engine's gpus the same way, all by index or all by "
+                    "UUID, so that one GPU named both ways by two engines cannot pass"
+                )
+        return self
+
+
+def _gpu_key(gpu: GpuSelector) -> int | str:
+    # A UUID is hex: the same GPU whatever case the config spelled it in.
+    return gpu if isinstance(gpu, int) else gpu.lower()
+
+
+def _repeated(values: Iterable[Hashable]) -> list[Hashable]:
+    seen: set[Hashable] = set()
+    repeated: list[Hashable] = []
+    for value in values:
+        if value in seen and value not in repeated:
+            repeated.append(value)
+        seen.add(value)
+    return repeated

@@ -136,7 +136,7 @@ async def _drive(
             stub=query_pb2_grpc.AllocationServiceStub(channel),
             session=session,
             pool=pool.name,
-            engine_metrics_url=config.agent.engine_metrics_url,
+            engine_metrics_url=config.agent.engine_of(pool.name).metrics_url,
             counters=load.counters,
             clock=clock,
             origin_s=origin_s,

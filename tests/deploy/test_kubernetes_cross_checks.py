@@ -88,7 +88,8 @@ def test_every_slotshift_command_is_a_valid_cli_invocation(overlay: Manifests) -
 def test_every_slotshift_container_reads_the_same_valid_config(overlay: Manifests) -> None:
     config = _config(overlay)
 
-    assert config.pool(config.gateway.pool) == config.pool(config.agent.pool)
+    (engine,) = config.agent.watched_engines
+    assert config.pool(config.gateway.pool) == config.pool(engine.pool)
 
 
 def test_every_server_binds_all_addresses(overlay: Manifests) -> None:
@@ -145,10 +146,20 @@ def test_the_probes_are_grpc_health_for_the_control_plane_and_http_for_the_gatew
 def test_metrics_annotations_name_a_metrics_endpoint(overlay: Manifests) -> None:
     config = _config(overlay)
 
-    for workload, container in overlay.slotshift_containers():
+    for workload, _ in overlay.slotshift_containers():
+        # A pod's annotations name one port: a container of the pod must open it, and serve the
+        # path when it is a slotshift one (the engine pod's annotations are vLLM's /metrics).
         annotations = workload["spec"]["template"]["metadata"]["annotations"]
-        served = listeners.http_paths(container["args"][0], config)
-        assert annotations["prometheus.io/path"] in served[int(annotations["prometheus.io/port"])]
+        port = int(annotations["prometheus.io/port"])
+        (opener,) = [
+            c
+            for c in pod_spec(workload)["containers"]
+            if port in {p["containerPort"] for p in c.get("ports", [])}
+        ]
+        assert annotations["prometheus.io/path"] == "/metrics"
+        if image_name(opener["image"]) == "slotshift":
+            served = listeners.http_paths(opener["args"][0], config)
+            assert annotations["prometheus.io/path"] in served[port]
 
 
 def test_every_service_selects_one_workload_and_targets_its_ports(overlay: Manifests) -> None:
@@ -185,28 +196,30 @@ def test_peers_in_the_config_are_services_on_the_right_ports(overlay: Manifests)
         assert opened == config.controlplane.grpc_port
 
 
-def test_the_engine_url_and_the_scraped_metrics_are_the_engine_service(overlay: Manifests) -> None:
+def test_the_agent_scrapes_the_engine_of_its_own_pod(overlay: Manifests) -> None:
     config = _config(overlay)
     pool = config.pool(config.gateway.pool)
     engine = urlsplit(pool.engine_url)
-    metrics = urlsplit(config.agent.engine_metrics_url)
-
-    assert (metrics.hostname, metrics.port, metrics.path) == (
-        engine.hostname,
-        engine.port,
-        "/metrics",
-    )
     assert engine.hostname is not None
     assert engine.port is not None
-    service, port = overlay.service_at(engine.hostname, engine.port)
-    (workload,) = overlay.workloads_selected_by(service)
-    (engine_container,) = pod_spec(workload)["containers"]
-    assert (
-        "/metrics"
-        in _engine_http_paths(engine_container, config)[
-            container_port(engine_container, port["targetPort"])
-        ]
-    )
+    service, service_port = overlay.service_at(engine.hostname, engine.port)
+    (engine_pod,) = overlay.workloads_selected_by(service)
+    agent_pod, _ = overlay.workload_running("agent")
+    (watched,) = config.agent.watched_engines
+    metrics = urlsplit(watched.metrics_url)
+
+    # A sidecar: each replica's agent watches the engine beside it, never one the Service picks.
+    assert agent_pod == engine_pod
+    assert watched.pool == pool.name
+    assert (metrics.hostname, metrics.path) == ("127.0.0.1", "/metrics")
+    assert metrics.port == engine.port
+    (engine_container,) = [
+        c
+        for c in pod_spec(engine_pod)["containers"]
+        if any(p.get("name") == service_port["targetPort"] for p in c.get("ports", []))
+    ]
+    assert container_port(engine_container, service_port["targetPort"]) == metrics.port
+    assert "/metrics" in _engine_http_paths(engine_container, config)[metrics.port]
 
 
 def _engine_http_paths(container: Obj, config: SlotshiftConfig) -> dict[int, frozenset[str]]:
@@ -333,27 +346,50 @@ def test_service_links_are_off_so_no_variable_shadows_the_clis(overlay: Manifest
         assert pod_spec(workload)["enableServiceLinks"] is False
 
 
-def test_the_agent_reads_nvml_on_gpu_nodes_without_taking_a_gpu(h200: Manifests) -> None:
-    agent, container = h200.workload_running("agent")
-    spec = pod_spec(agent)
-
-    assert agent["kind"] == "DaemonSet"
-    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
-        "tolerations"
+def _mount_of(container: Obj, path: PurePosixPath) -> Obj:
+    mounts: list[Obj] = [
+        m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])
     ]
+    (mount,) = mounts
+    return mount
+
+
+def test_the_agent_reads_nvml_for_the_gpus_its_engine_names_without_taking_one(
+    h200: Manifests,
+) -> None:
+    config = _config(h200)
+    pod, container = h200.workload_running("agent")
+    _, vllm = _vllm(h200)
+    spec = pod_spec(pod)
+    (watched,) = config.agent.watched_engines
+    assert watched.gpus_file is not None
+    gpus_file = PurePosixPath(watched.gpus_file)
+
     assert spec["runtimeClassName"] == "nvidia"
     env = env_of(container)
     assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
     assert env["NVIDIA_DRIVER_CAPABILITIES"]["value"] == "utility"
-    assert env["SLOTSHIFT_AGENT_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["SLOTSHIFT_AGENT_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     for kind in ("requests", "limits"):
         assert not any(r.startswith("nvidia.com/") for r in container["resources"][kind])
+    # The engine's container writes the file into a volume the agent reads.
+    written, read = _mount_of(vllm, gpus_file), _mount_of(container, gpus_file)
+    assert written["name"] == read["name"]
+    assert read.get("readOnly") is True
+    assert not written.get("readOnly", False)
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert "emptyDir" in volumes[read["name"]]
+    script = " ".join(vllm["command"])
+    assert f"> {gpus_file}" in script
+    assert "nvidia-smi --query-gpu=uuid --format=csv,noheader" in script
+    assert 'exec vllm serve "$@"' in script
 
 
-def test_without_gpus_the_agent_runs_on_any_node(emulator: Manifests) -> None:
+def test_without_gpus_the_agent_runs_beside_the_emulator_on_any_node(emulator: Manifests) -> None:
     agent, _ = emulator.workload_running("agent")
+    engine_sim, _ = emulator.workload_running("engine-sim")
 
+    assert agent == engine_sim
     assert "nodeSelector" not in pod_spec(agent)
     assert "runtimeClassName" not in pod_spec(agent)
 

@@ -42,7 +42,7 @@ def test_every_kustomization_renders(kubectl: Path, kustomization: Path) -> None
     manifests = render(kubectl, kustomization)
 
     kinds = {o["kind"] for o in manifests.objects}
-    assert {"Namespace", "ConfigMap", "Secret", "Deployment", "DaemonSet", "Service"} <= kinds
+    assert {"Namespace", "ConfigMap", "Secret", "Deployment", "Service"} <= kinds
 
 
 @pytest.mark.parametrize("kustomization", kustomizations(), ids=kustomization_id)

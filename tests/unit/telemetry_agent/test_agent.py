@@ -17,6 +17,7 @@ from slotshift.clock import ManualClock, SystemClock
 from slotshift.config import AgentConfig
 from slotshift.v1 import telemetry_pb2
 from telemetry_agent.agent import TelemetryAgent
+from telemetry_agent.gpu import GpuDeviceReading
 from tests.support import free_port, wait_until
 from tests.unit.telemetry_agent.fake_engine import FakeEngineMetrics
 from tests.unit.telemetry_agent.fake_nvml import H200, FakeNvml
@@ -38,6 +39,10 @@ async def controlplane() -> AsyncIterator[RecordingControlPlane]:
     await server.start()
     yield server
     await server.stop()
+
+
+POOL_A = (("pool", "pool-a"),)
+"""The labels of the agent's series about the engine of pool-a."""
 
 
 def agent_config(engine: FakeEngineMetrics, target: str) -> AgentConfig:
@@ -144,10 +149,15 @@ async def test_a_failing_engine_is_reported_as_such_and_counted(
     assert list(report.gpus) == []
     assert status == 200
     values = metric_values(text)
-    errors = values[("slotshift_agent_scrape_errors_total", (("reason", "http_status"),))]
+    errors = values[
+        ("slotshift_agent_scrape_errors_total", (("pool", "pool-a"), ("reason", "http_status")))
+    ]
     assert errors >= 2
-    assert values[("slotshift_agent_scrape_errors_total", (("reason", "timeout"),))] == 0
-    assert values[("slotshift_agent_gpu_available", ())] == 0
+    assert (
+        values[("slotshift_agent_scrape_errors_total", (("pool", "pool-a"), ("reason", "timeout")))]
+        == 0
+    )
+    assert values[("slotshift_agent_gpu_available", POOL_A)] == 0
 
 
 async def test_own_metrics_and_health_endpoint(
@@ -164,11 +174,11 @@ async def test_own_metrics_and_health_endpoint(
         await agent.stop()
     assert metrics_status == 200
     values = metric_values(text)
-    assert values[("slotshift_agent_scrapes_total", ())] >= 2
-    assert values[("slotshift_agent_reports_sent_total", ())] >= 1
-    assert values[("slotshift_agent_controlplane_connected", ())] == 1
-    assert values[("slotshift_agent_gpu_available", ())] == 1
-    assert values[("slotshift_agent_last_scrape_duration_seconds", ())] >= 0
+    assert values[("slotshift_agent_scrapes_total", POOL_A)] >= 2
+    assert values[("slotshift_agent_reports_sent_total", POOL_A)] >= 1
+    assert values[("slotshift_agent_controlplane_connected", POOL_A)] == 1
+    assert values[("slotshift_agent_gpu_available", POOL_A)] == 1
+    assert values[("slotshift_agent_last_scrape_duration_seconds", POOL_A)] >= 0
     assert health_status == 200
     assert '"controlplane_connected": true' in health
     assert '"gpu_source": "GPU_SOURCE_NVML"' in health
@@ -216,7 +226,9 @@ async def test_reconnects_after_the_control_plane_restarts_on_the_same_port(
 
 
 def superseded(agent: TelemetryAgent) -> float:
-    value = agent.metrics.registry.get_sample_value("slotshift_agent_reports_superseded_total")
+    value = agent.metrics.registry.get_sample_value(
+        "slotshift_agent_reports_superseded_total", {"pool": "pool-a"}
+    )
     return value or 0.0
 
 
@@ -230,9 +242,8 @@ async def test_while_the_control_plane_is_away_only_the_latest_report_waits(
     await agent.start()
     controlplane: RecordingControlPlane | None = None
     try:
-        await wait_until(lambda: agent.last_report is not None, message="a first sample")
-        assert agent.last_report is not None
-        first_sampled = agent.last_report.observed_at.ToNanoseconds()
+        await wait_until(lambda: "pool-a" in agent.last_reports, message="a first sample")
+        first_sampled = agent.last_reports["pool-a"].observed_at.ToNanoseconds()
         await wait_until(
             lambda: superseded(agent) >= 3,
             message="unsent reports replaced by newer ones",
@@ -264,3 +275,89 @@ async def test_a_busy_metrics_port_fails_start_and_leaves_nothing_running(
         # stop() after a failed start returns at once and is harmless.
         await asyncio.wait_for(agent.stop(), timeout=1.0)
     assert engine.requests == 0
+
+
+GPU_1 = GpuDeviceReading(
+    index=1,
+    uuid="GPU-0c8e1d2f-3a4b-4c5d-8e6f-7a8b9c0d1e2f",
+    name="NVIDIA H200",
+    utilization_pct=12.0,
+    memory_used_bytes=20_000_000_000,
+    memory_total_bytes=150_754_820_096,
+)
+
+
+async def test_two_engines_report_their_own_pools_and_gpus_and_a_stalled_one_holds_no_other(
+    controlplane: RecordingControlPlane,
+) -> None:
+    engine_a, engine_b = FakeEngineMetrics(VLLM_SCRAPE_0), FakeEngineMetrics(VLLM_SCRAPE_0)
+    await engine_a.start()
+    await engine_b.start()
+    base = agent_config(engine_a, controlplane.target).model_dump()
+    config = AgentConfig.model_validate(
+        {
+            **base,
+            "pool": None,
+            "engine_metrics_url": None,
+            "scrape_timeout_s": 0.5,
+            "engines": [
+                {"pool": "pool-a", "metrics_url": engine_a.url, "gpus": [H200.uuid]},
+                {"pool": "pool-b", "metrics_url": engine_b.url, "gpus": [GPU_1.uuid]},
+            ],
+        }
+    )
+    agent = TelemetryAgent(config, gpu_reader=FakeNvml([H200, GPU_1]))
+    await agent.start()
+    try:
+        await wait_until(
+            lambda: {r.pool for r in controlplane.telemetry.reports} == {"pool-a", "pool-b"},
+            message="reports of both pools",
+        )
+        engine_b.stall = True
+        stalled_at = len(controlplane.telemetry.reports)
+        await wait_until(
+            lambda: (
+                sum(r.pool == "pool-a" for r in controlplane.telemetry.reports[stalled_at:]) >= 10
+            ),
+            message="pool-a reporting on while pool-b's engine does not answer",
+        )
+        await wait_until(
+            lambda: any(
+                r.pool == "pool-b" and not r.engine.scrape_ok
+                for r in controlplane.telemetry.reports
+            ),
+            message="pool-b's timed-out scrape reported",
+        )
+        status, text = await fetch(f"http://127.0.0.1:{agent.metrics_port}/metrics")
+    finally:
+        await agent.stop()
+        await engine_a.stop()
+        await engine_b.stop()
+    reports = controlplane.telemetry.reports
+    for pool, gpu in (("pool-a", H200), ("pool-b", GPU_1)):
+        own = [r for r in reports if r.pool == pool]
+        assert own
+        assert all([g.uuid for g in r.gpus] == [gpu.uuid] for r in own), pool
+        assert all(r.gpus[0].utilization_pct == gpu.utilization_pct for r in own), pool
+    timed_out = next(r for r in reports if r.pool == "pool-b" and not r.engine.scrape_ok)
+    assert "no answer within 0.5 s" in timed_out.engine.scrape_error
+    assert all(r.engine.scrape_ok for r in reports if r.pool == "pool-a")
+    # One stream per engine, each ended cleanly on stop.
+    assert controlplane.telemetry.streams_opened == 2
+    assert controlplane.telemetry.streams_closed_by_client == 2
+    assert status == 200
+    values = metric_values(text)
+    pool_b = (("pool", "pool-b"), ("reason", "timeout"))
+    assert values[("slotshift_agent_scrape_errors_total", pool_b)] >= 1
+    assert (
+        values[("slotshift_agent_scrape_errors_total", (("pool", "pool-a"), ("reason", "timeout")))]
+        == 0
+    )
+    assert (
+        values[("slotshift_agent_gpu_utilization_ratio", (("gpu", "1"), ("pool", "pool-b")))]
+        == 0.12
+    )
+    assert (
+        "slotshift_agent_gpu_utilization_ratio",
+        (("gpu", "1"), ("pool", "pool-a")),
+    ) not in values

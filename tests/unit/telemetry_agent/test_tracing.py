@@ -58,7 +58,7 @@ def _report(*, scrape_ok: bool) -> telemetry_pb2.TelemetryReport:
 
 def test_the_latest_reports_figures_are_gauges_with_base_units() -> None:
     latest: list[telemetry_pb2.TelemetryReport] = []
-    metrics = AgentMetrics(latest_report=lambda: latest[-1] if latest else None)
+    metrics = AgentMetrics(latest_reports=lambda: latest[-1:])
     value = metrics.registry.get_sample_value
     assert value("slotshift_agent_engine_requests_running", {"pool": "p"}) is None
     latest.append(_report(scrape_ok=True))
@@ -107,8 +107,8 @@ async def test_each_report_carries_the_context_of_the_span_that_sent_it(
         assert span.attributes["slotshift.agent.id"] == "node-7"
         assert span.attributes["slotshift.telemetry.scrape_ok"] is True
         assert span.attributes["slotshift.telemetry.gpu_source"] == "GPU_SOURCE_NVML"
-    assert agent.last_report is not None
-    assert not agent.last_report.trace_context, "the context goes on the sent copy only"
+    (latest,) = agent.last_reports.values()
+    assert not latest.trace_context, "the context goes on the sent copy only"
 
     connects = [s for s in exporter.get_finished_spans() if s.name == "telemetry.connect"]
     assert connects
