@@ -46,7 +46,6 @@ class RequestLog:
 
     writer: RequestLogWriter
     gateway_id: str
-    pool: str
     sessions: SessionHasher | None
     """Hashes the clients' session ids; None: no session is recorded."""
 
@@ -78,15 +77,15 @@ class RequestFigures:
     # -- the sinks, fed by the observations --
 
     def _queue_wait(self, tenant: TenantState, seconds: float) -> None:
-        self._metrics.observe_queue_wait(tenant.name, seconds)
+        self._metrics.observe_queue_wait(tenant.pool, tenant.name, seconds)
 
     def _ttft(self, tenant: TenantState, seconds: float) -> None:
         tenant.ttft.observe(seconds)
-        self._metrics.observe_time_to_first_token(tenant.name, seconds)
+        self._metrics.observe_time_to_first_token(tenant.pool, tenant.name, seconds)
 
     def _e2e(self, tenant: TenantState, seconds: float) -> None:
         tenant.e2e.observe(seconds)
-        self._metrics.observe_e2e_latency(tenant.name, seconds)
+        self._metrics.observe_e2e_latency(tenant.pool, tenant.name, seconds)
 
 
 class RequestObservation:
@@ -249,7 +248,7 @@ class RequestObservation:
             RequestRecord(
                 arrival_unix_s=self._arrived_wall,
                 gateway=log.gateway_id,
-                pool=log.pool,
+                pool=self.tenant.pool,
                 tenant=self.tenant.name,
                 session=session,
                 route=self._route,

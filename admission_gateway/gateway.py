@@ -12,6 +12,7 @@ closes (it reports the draining gateway's usage until then) and the upstream ses
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import socket
@@ -31,12 +32,13 @@ from admission_gateway.errors import openai_errors
 from admission_gateway.figures import RequestLog
 from admission_gateway.gateway_state import GatewayState
 from admission_gateway.metrics import GatewayMetrics
-from admission_gateway.proxy import OpenAIProxy
+from admission_gateway.proxy import OpenAIProxy, PoolEndpoint
 from admission_gateway.upstream import EngineClient
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import (
     ConfigError,
+    PoolConfig,
     RequestLogConfig,
     SlotshiftConfig,
     read_secret_text,
@@ -60,7 +62,9 @@ _SERVER_SHUTDOWN_TIMEOUT_S = 0.25
 
 
 class AdmissionGateway:
-    """An admission gateway for the pool named in `config.gateway.pool`.
+    """An admission gateway for the pools of `config.gateway.pools` (or the one of
+    `config.gateway.pool`): one control stream and one engine client per pool, one HTTP server
+    and one set of keys for all (a tenant is one name and one key across the pools it is in).
 
     tracer_provider: where its spans go (requests, allocations applied); no-op by default.
     """
@@ -79,25 +83,36 @@ class AdmissionGateway:
         provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
         self._tracer = provider.get_tracer("slotshift.admission_gateway")
         try:
-            self._pool = config.pool(self._settings.pool)
+            self._pools = config.fronted_pools()
         except KeyError:
             raise ConfigError(f"gateway.pool: no pool named {self._settings.pool!r}") from None
         self._clock = clock if clock is not None else SystemClock()
         self._rng = rng
         self._requested_port = self._settings.port if port is None else port
         self._requested_gateway_id = gateway_id
-        self.state = GatewayState(self._pool, self._settings, self._clock)
-        """Per-tenant admission, limits and the allocation version in force."""
-        self.metrics = GatewayMetrics(self.state)
-        self._authenticator = Authenticator.for_pool(self._pool)
+        self.states = {
+            pool.name: GatewayState(pool, self._settings, self._clock) for pool in self._pools
+        }
+        """pool -> per-tenant admission, limits and the allocation version in force there."""
+        self.state = self.states[self._pools[0].name]
+        """The first pool's state (the only one of a gateway fronting one pool)."""
+        self.metrics = GatewayMetrics(*self.states.values())
+        self._authenticator = Authenticator(
+            (reveal(key), tenant.name)
+            for pool in self._pools
+            for tenant in pool.tenants
+            for key in tenant.api_keys
+        )
+        self._directories: dict[str, Mapping[str, tuple[bytes, ...]]] = {}
+        """pool -> the tenants the control plane runs there, with their key digests."""
         self._tasks = Supervisor("admission-gateway")
         self._runner: web.AppRunner | None = None
-        self._engine: EngineClient | None = None
+        self._engines: list[EngineClient] = []
         self._proxy: OpenAIProxy | None = None
         self._port: int | None = None
         self._gateway_id: str | None = None
-        self.control_client: ControlClient | None = None
-        """The stream to the control plane (set by start)."""
+        self.control_clients: dict[str, ControlClient] = {}
+        """pool -> its stream to the control plane (set by start)."""
         self.request_log: RequestLogWriter | None = None
         """The request log's writer (set by start when gateway.request_log is set)."""
         self._stopped = False
@@ -128,9 +143,15 @@ class AdmissionGateway:
         """True while serving; False once draining."""
         return self._proxy is not None and self._proxy.accepting
 
-    def admission(self, tenant: str) -> TenantAdmission:
-        """The admission of `tenant` at this gateway."""
-        return self.state.tenants[tenant].admission
+    @property
+    def control_client(self) -> ControlClient | None:
+        """The first pool's stream to the control plane (None before start)."""
+        return self.control_clients.get(self._pools[0].name)
+
+    def admission(self, tenant: str, pool: str | None = None) -> TenantAdmission:
+        """The admission of `tenant` at this gateway, in `pool` (default: the first pool)."""
+        state = self.state if pool is None else self.states[pool]
+        return state.tenants[tenant].admission
 
     async def start(self) -> None:
         """Bind the HTTP server, open the upstream session and start the control stream."""
@@ -139,15 +160,25 @@ class AdmissionGateway:
         sessions = None
         if log_settings is not None and log_settings.session_key_file is not None:
             sessions = await asyncio.to_thread(_session_hasher, log_settings.session_key_file)
-        self._engine = EngineClient(
-            engine_ssl=engine_ssl,
-            keepalive_timeout_s=self._settings.upstream_keepalive_timeout_s,
-        )
+        endpoints = []
+        for pool in self._pools:
+            engine = EngineClient(
+                engine_ssl=engine_ssl[pool.name],
+                keepalive_timeout_s=self._settings.upstream_keepalive_timeout_s,
+            )
+            self._engines.append(engine)
+            endpoints.append(
+                PoolEndpoint(
+                    state=self.states[pool.name],
+                    engine=engine,
+                    engine_url=pool.engine_url,
+                    models=tuple(pool.models),
+                    preemption_enabled=pool.preemption.enabled,
+                )
+            )
         self._proxy = OpenAIProxy(
-            state=self.state,
+            pools=endpoints,
             authenticator=self._authenticator,
-            engine=self._engine,
-            engine_url=self._pool.engine_url,
             upstream_timeout_s=self._settings.upstream_timeout_s,
             max_body_bytes=self._settings.max_body_bytes,
             retry_after_s=self._settings.retry_after_s,
@@ -155,7 +186,6 @@ class AdmissionGateway:
             clock=self._clock,
             tracer=self._tracer,
             paused_keepalive_interval_s=self._settings.paused_keepalive_interval_s,
-            preemption_enabled=self._pool.preemption.enabled,
         )
         app = web.Application(middlewares=[openai_errors])
         app.add_routes(self._proxy.routes())
@@ -183,7 +213,7 @@ class AdmissionGateway:
         except BaseException:
             # e.g. the port is taken: leave nothing open behind.
             await self._runner.cleanup()
-            await self._engine.close()
+            await self._close_engines()
             raise
         self._port = _bound_port(self._runner)
         self._gateway_id = self._requested_gateway_id or f"{socket.gethostname()}:{self._port}"
@@ -192,62 +222,82 @@ class AdmissionGateway:
         self._proxy.gateway_id = self._gateway_id
         if log_settings is not None:
             self.request_log = _request_log_writer(log_settings, self._gateway_id)
-            self._proxy.figures.record_to(
-                RequestLog(self.request_log, self._gateway_id, self._pool.name, sessions)
-            )
+            self._proxy.figures.record_to(RequestLog(self.request_log, self._gateway_id, sessions))
             try:
                 await self.request_log.open()
             except OSError as exc:
                 await self._runner.cleanup()
                 await self.request_log.close()
-                await self._engine.close()
+                await self._close_engines()
                 raise ConfigError(
                     f"gateway.request_log.log_file: cannot write {self.request_log.path}: {exc}"
                 ) from exc
             self._tasks.spawn("request-log", self.request_log.run())
-        self.control_client = ControlClient(
-            self.state,
-            target=self._settings.controlplane_target,
-            gateway_id=self._gateway_id,
-            report_interval_s=self._settings.report_interval_s,
-            queue_report_min_interval_s=self._settings.queue_report_min_interval_s,
-            full_report_interval_s=self._settings.full_report_interval_s,
-            reconnect_initial_s=self._settings.reconnect_initial_s,
-            reconnect_max_s=self._settings.reconnect_max_s,
-            clock=self._clock,
-            rng=self._rng,
-            tracer=self._tracer,
-            security=security,
-            on_tenants=self._use_tenants,
-        )
-        self._tasks.spawn("control-stream", self.control_client.run())
+        for pool in self._pools:
+            client = ControlClient(
+                self.states[pool.name],
+                target=self._settings.controlplane_target,
+                gateway_id=self._gateway_id,
+                report_interval_s=self._settings.report_interval_s,
+                queue_report_min_interval_s=self._settings.queue_report_min_interval_s,
+                full_report_interval_s=self._settings.full_report_interval_s,
+                reconnect_initial_s=self._settings.reconnect_initial_s,
+                reconnect_max_s=self._settings.reconnect_max_s,
+                clock=self._clock,
+                rng=self._rng,
+                tracer=self._tracer,
+                security=security,
+                on_tenants=functools.partial(self._use_tenants, pool),
+            )
+            self.control_clients[pool.name] = client
+            self._tasks.spawn(f"control-stream[{pool.name}]", client.run())
 
-    def _use_tenants(self, tenants: Mapping[str, tuple[bytes, ...]]) -> None:
-        """Authenticate exactly the tenants the control plane runs (the admin API adds and
-        removes them): with the digests it sent, and with the keys our own config gives them."""
-        digests = [(digest, tenant) for tenant, ds in tenants.items() for digest in ds]
+    def _use_tenants(self, pool: PoolConfig, tenants: Mapping[str, tuple[bytes, ...]]) -> None:
+        """Authenticate exactly the tenants the control plane runs in the fronted pools (the
+        admin API adds and removes them): with the digests it sent for `pool` and what it sent
+        for the others, and with the keys our own config gives them."""
+        directories = {**self._directories, pool.name: tenants}
+        digests = [
+            (digest, tenant)
+            for directory in directories.values()
+            for tenant, ds in directory.items()
+            for digest in ds
+        ]
+        # A pool whose directory has not come yet runs the tenants of our config.
+        running = {tenant for directory in directories.values() for tenant in directory} | {
+            t.name for p in self._pools if p.name not in directories for t in p.tenants
+        }
         digests += [
             (key_digest(reveal(key)), t.name)
-            for t in self._pool.tenants
-            if t.name in tenants
+            for fronted in self._pools
+            for t in fronted.tenants
+            if t.name in running
             for key in t.api_keys
         ]
         try:
             self._authenticator.replace_digests(digests)
         except ValueError as exc:
             logger.error("keeping the tenants' keys as they were: %s", exc)
+            return
+        self._directories = directories
 
     def _load_tls(
         self,
-    ) -> tuple[ssl.SSLContext | None, ChannelSecurity | None, ssl.SSLContext | bool]:
+    ) -> tuple[ssl.SSLContext | None, ChannelSecurity | None, dict[str, ssl.SSLContext | bool]]:
         """The HTTPS context of the API, the credentials of the control stream (None where the
-        config leaves them plaintext) and how to check an https engine (True: the system's
-        roots). Blocks: reads the PEM files."""
+        config leaves them plaintext) and, per pool, how to check an https engine (True: the
+        system's roots). Blocks: reads the PEM files."""
         tls = self._settings.tls
         ssl_context = None if tls is None else server_ssl_context(tls)
-        engine_tls = self._pool.engine_tls
-        engine_ssl = True if engine_tls is None else client_ssl_context(engine_tls)
+        engine_ssl: dict[str, ssl.SSLContext | bool] = {
+            pool.name: True if pool.engine_tls is None else client_ssl_context(pool.engine_tls)
+            for pool in self._pools
+        }
         return ssl_context, load_channel_security(self._settings.controlplane_tls), engine_ssl
+
+    async def _close_engines(self) -> None:
+        for engine in self._engines:
+            await engine.close()
 
     async def stop(self) -> None:
         """Drain and shut down (see the module docstring for the order); safe to call twice."""
@@ -256,12 +306,18 @@ class AdmissionGateway:
         self._stopped = True
         if self._proxy is not None:
             self._proxy.accepting = False
-        self.state.close()
+        for state in self.states.values():
+            state.close()
         try:
             async with asyncio.timeout(self._settings.drain_timeout_s):
-                await self.state.wait_idle()
+                for state in self.states.values():
+                    await state.wait_idle()
         except TimeoutError:
-            running = sum(t.admission.in_flight for t in self.state.tenants.values())
+            running = sum(
+                t.admission.in_flight
+                for state in self.states.values()
+                for t in state.tenants.values()
+            )
             logger.warning(
                 "%d requests still running after %.1f s of draining; cutting them off",
                 running,
@@ -273,8 +329,7 @@ class AdmissionGateway:
             # Every request has ended (the server is closed): its record is in the buffer.
             await self.request_log.close()
         await self._tasks.stop()
-        if self._engine is not None:
-            await self._engine.close()
+        await self._close_engines()
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})

@@ -46,11 +46,14 @@ class TenantState:
         name: str,
         admission: TenantAdmission,
         *,
+        pool: str,
         target_slots: int,
         new_window: Callable[[], LatencyWindow],
         preemptible: bool = False,
     ) -> None:
         self.name = name
+        self.pool = pool
+        """The pool whose slots this is (a gateway may front several)."""
         self.admission = admission
         self.preemptible = preemptible
         """Whether the tenant's resumable requests may be paused (its config's `preemptible`)."""
@@ -141,6 +144,7 @@ class GatewayState:
                     on_queue_started=self.queue_started.set,
                     max_pauses_per_request=pool.preemption.max_pauses_per_request,
                 ),
+                pool=pool.name,
                 target_slots=limit,
                 new_window=new_window,
                 preemptible=name in preemptible,

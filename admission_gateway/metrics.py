@@ -25,10 +25,10 @@ _LATENCY_BUCKETS_S = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 class GatewayMetrics:
     """The metrics of one gateway; `exposition()` is what /metrics serves."""
 
-    def __init__(self, state: GatewayState) -> None:
+    def __init__(self, *states: GatewayState) -> None:
+        """The metrics of a gateway fronting the pools of `states`, one state each."""
         self.registry = CollectorRegistry()
         labels = ["pool", "tenant"]
-        self._pool = state.pool_name
         self.queue_wait = Histogram(
             "slotshift_gateway_queue_wait_seconds",
             "Time admitted requests waited in the gateway's queue for a slot.",
@@ -50,16 +50,17 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS_S,
             registry=self.registry,
         )
-        self.registry.register(_StateCollector(state))
+        for state in states:
+            self.registry.register(_StateCollector(state))
 
-    def observe_queue_wait(self, tenant: str, seconds: float) -> None:
-        self.queue_wait.labels(self._pool, tenant).observe(seconds)
+    def observe_queue_wait(self, pool: str, tenant: str, seconds: float) -> None:
+        self.queue_wait.labels(pool, tenant).observe(seconds)
 
-    def observe_time_to_first_token(self, tenant: str, seconds: float) -> None:
-        self.time_to_first_token.labels(self._pool, tenant).observe(seconds)
+    def observe_time_to_first_token(self, pool: str, tenant: str, seconds: float) -> None:
+        self.time_to_first_token.labels(pool, tenant).observe(seconds)
 
-    def observe_e2e_latency(self, tenant: str, seconds: float) -> None:
-        self.e2e_latency.labels(self._pool, tenant).observe(seconds)
+    def observe_e2e_latency(self, pool: str, tenant: str, seconds: float) -> None:
+        self.e2e_latency.labels(pool, tenant).observe(seconds)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

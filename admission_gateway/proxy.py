@@ -3,12 +3,19 @@ limit, forward.
 
 Routes: `POST /v1/completions` and `POST /v1/chat/completions` (streamed or not) take a slot of
 the caller's tenant for as long as the engine works on them; `GET /v1/models` needs a key but no
-slot. Everything goes to the pool's engine through the EngineRelay (relay.py), which relays the
-answer and says how the engine's failures reach the client.
+slot. A gateway fronts one or more pools: a request goes to a pool that serves its `model` among
+those its tenant may use, and to the replica where the tenant has the most room (routing.py);
+`/v1/models` lists the tenant's models (a gateway fronting one pool that names none forwards it
+to the engine, and sends every request there). Everything goes to the chosen pool's engine
+through its EngineRelay (relay.py), which relays the answer and says how the engine's failures
+reach the client.
 
 Errors the gateway answers itself are OpenAI-style JSON bodies (see errors.py):
 - 401 missing, malformed or unknown API key;
 - 400 a body that is not a JSON object; 413 a body over max_body_bytes;
+- 404 `model_not_found` (`param: model`): no pool the tenant may use serves the model (unknown
+  and forbidden models look alike); 400 `missing_model`: no model named and the tenant has
+  several;
 - 429 with Retry-After: the tenant's queue at this gateway is full;
 - 503 with Retry-After: no slot within queue_timeout_s (the request waited its turn and the
   tenant's limit stayed full), or the gateway is shutting down;
@@ -37,7 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -59,6 +67,7 @@ from admission_gateway.relay import (
     request_id,
 )
 from admission_gateway.resume import not_resumable
+from admission_gateway.routing import ModelNotFound, ModelRequired, route, tenant_models
 from admission_gateway.upstream import EngineClient
 from slotshift.clock import Clock
 from slotshift.trace_context import parent_from
@@ -66,16 +75,73 @@ from slotshift.trace_context import parent_from
 _Handler = Callable[[web.Request, str, trace.Span], Awaitable[web.StreamResponse]]
 
 
+@dataclass(frozen=True, slots=True)
+class PoolEndpoint:
+    """A pool this gateway fronts, as the proxy needs it."""
+
+    state: GatewayState
+    engine: EngineClient
+    engine_url: str
+    models: tuple[str, ...] = ()
+    """The models its engine serves (routing.py); empty: whatever a request names."""
+    preemption_enabled: bool = True
+
+
+class PoolFront:
+    """One fronted pool at run time: its tenants' admission and the relays to its engine."""
+
+    def __init__(
+        self,
+        endpoint: PoolEndpoint,
+        *,
+        upstream_timeout_s: float,
+        retry_after: Mapping[str, str],
+        paused_keepalive_interval_s: float,
+        tracer: trace.Tracer,
+    ) -> None:
+        self.state = endpoint.state
+        self.models = endpoint.models
+        self.relay = EngineRelay(
+            engine=endpoint.engine,
+            engine_url=endpoint.engine_url,
+            upstream_timeout_s=upstream_timeout_s,
+            retry_after=retry_after,
+            tracer=tracer,
+        )
+        self.preemptible = (
+            PreemptibleRelay(
+                engine=endpoint.engine,
+                engine_url=endpoint.engine_url,
+                upstream_timeout_s=upstream_timeout_s,
+                paused_keepalive_interval_s=paused_keepalive_interval_s,
+                tracer=tracer,
+            )
+            if endpoint.preemption_enabled
+            else None
+        )
+        """Serves preemptible tenants' resumable requests; None when preemption is off."""
+
+    @property
+    def name(self) -> str:
+        return self.state.pool_name
+
+    def room(self, tenant: str) -> tuple[int, int] | None:
+        """routing.Front.room: the tenant's free slots here less its queue, and its in flight."""
+        held = self.state.tenants.get(tenant)
+        if held is None:
+            return None
+        admission = held.admission
+        return admission.limit_slots - admission.in_flight - admission.queued, admission.in_flight
+
+
 class OpenAIProxy:
-    """The /v1 handlers of one gateway."""
+    """The /v1 handlers of one gateway, in front of one or more pools."""
 
     def __init__(
         self,
         *,
-        state: GatewayState,
+        pools: Sequence[PoolEndpoint],
         authenticator: Authenticator,
-        engine: EngineClient,
-        engine_url: str,
         upstream_timeout_s: float,
         max_body_bytes: int,
         retry_after_s: int,
@@ -84,32 +150,28 @@ class OpenAIProxy:
         tracer: trace.Tracer | None = None,
         gateway_id: str = "",
         paused_keepalive_interval_s: float = 5.0,
-        preemption_enabled: bool = True,
     ) -> None:
-        self._state = state
+        if not pools:
+            raise ValueError("a gateway fronts at least one pool")
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._retry_after = {"Retry-After": str(retry_after_s)}
         self.figures = RequestFigures(metrics, clock)
         """Where every request's figures go (the gateway points it at the request log)."""
-        self._relay = EngineRelay(
-            engine=engine,
-            engine_url=engine_url,
-            upstream_timeout_s=upstream_timeout_s,
-            retry_after=self._retry_after,
-            tracer=self._tracer,
-        )
-        self._preemptible = (
-            PreemptibleRelay(
-                engine=engine,
-                engine_url=engine_url,
+        self._fronts = [
+            PoolFront(
+                endpoint,
                 upstream_timeout_s=upstream_timeout_s,
+                retry_after=self._retry_after,
                 paused_keepalive_interval_s=paused_keepalive_interval_s,
                 tracer=self._tracer,
             )
-            if preemption_enabled
-            else None
-        )
-        """Serves preemptible tenants' resumable requests; None when preemption is off."""
+            for endpoint in pools
+        ]
+        self._by_name = {front.name: front for front in self._fronts}
+        only = self._fronts[0]
+        self._only = only if len(self._fronts) == 1 and not only.models else None
+        """The one pool of a gateway that fronts one naming no models: every request goes
+        there, whatever its model (the engine answers for the model itself)."""
         self.gateway_id = gateway_id
         """This gateway's id, on every request's span (set by the gateway once it is bound)."""
         self._authenticator = authenticator
@@ -137,9 +199,22 @@ class OpenAIProxy:
     async def _models(
         self, request: web.Request, path: str, span: trace.Span
     ) -> web.StreamResponse:
-        span.set_attribute("slotshift.tenant", self._tenant_of(request))
+        """The models the caller's tenant may use: the engine's own answer when the gateway
+        fronts one pool that names none, else the models of the pools the tenant is in."""
+        tenant = self._tenant_of(request)
+        span.set_attribute("slotshift.tenant", tenant)
         self._refuse_if_draining()
-        return await self._relay.forward(request, path, None, observed=None)
+        if self._only is not None:
+            return await self._only.relay.forward(request, path, None, observed=None)
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": model, "object": "model", "created": 0, "owned_by": "slotshift"}
+                    for model in tenant_models(self._fronts, tenant)
+                ],
+            }
+        )
 
     async def _traced(
         self, request: web.Request, path: str, handler: _Handler
@@ -152,7 +227,6 @@ class OpenAIProxy:
             attributes={
                 "http.request.method": request.method,
                 "http.route": path,
-                "slotshift.pool": self._state.pool_name,
                 "slotshift.gateway.id": self.gateway_id,
             },
             # 4xx answers are the client's errors, not the span's; set by hand below.
@@ -181,32 +255,79 @@ class OpenAIProxy:
         self, request: web.Request, path: str, span: trace.Span
     ) -> web.StreamResponse:
         arrived = self._clock.monotonic()
-        tenant = self._state.tenants[self._tenant_of(request)]
-        span.set_attribute("slotshift.tenant", tenant.name)
+        name = self._tenant_of(request)
+        span.set_attribute("slotshift.tenant", name)
+        body: bytes | None = None
+        document: dict[str, Any] | None = None
+        front = self._only
+        if front is None:
+            # The pool follows from the body's model: read it first. Refusals before the pool is
+            # known (a draining gateway, a bad body, no such model) are no pool's figures.
+            self._refuse_if_draining()
+            body = await self._read_body(request)
+            document = _require_json_object(body)
+            front = self._route(name, document)
+        span.set_attribute("slotshift.pool", front.name)
+        tenant = front.state.tenants.get(name)
+        if tenant is None:
+            raise _model_not_found(str(document.get("model")) if document else "")
         observed = self.figures.begin(tenant, arrived, route=path, headers=request.headers)
         try:
-            response = await self._serve(request, path, span, observed)
+            response = await self._serve(request, path, span, observed, front, body, document)
         except BaseException as exc:
             observed.failed(exc)
             raise
         observed.responded(response.status)
         return response
 
+    def _route(self, tenant: str, document: Mapping[str, Any]) -> PoolFront:
+        """The pool for a request of `tenant` with this body (routing.py)."""
+        model = document.get("model")
+        if model is not None and not isinstance(model, str):
+            raise OpenAIError(
+                400,
+                "'model' must be a string.",
+                error_type="invalid_request_error",
+                code="invalid_type",
+                param="model",
+            )
+        try:
+            routed = route(self._fronts, tenant, model)
+        except ModelNotFound as exc:
+            raise _model_not_found(exc.model) from None
+        except ModelRequired as exc:
+            raise OpenAIError(
+                400,
+                str(exc),
+                error_type="invalid_request_error",
+                code="missing_model",
+                param="model",
+            ) from None
+        return self._by_name[routed.pool]
+
     async def _serve(
-        self, request: web.Request, path: str, span: trace.Span, observed: RequestObservation
+        self,
+        request: web.Request,
+        path: str,
+        span: trace.Span,
+        observed: RequestObservation,
+        front: PoolFront,
+        body: bytes | None,
+        document: dict[str, Any] | None,
     ) -> web.StreamResponse:
         tenant = observed.tenant
         self._refuse_if_draining()
-        body = await self._read_body(request)
-        document = _require_json_object(body)
+        if body is None or document is None:
+            body = await self._read_body(request)
+            document = _require_json_object(body)
         observed.asked(document)
-        if tenant.preemptible and self._preemptible is not None:
+        if tenant.preemptible and front.preemptible is not None:
             why_not = not_resumable(path, document)
             span.set_attribute("slotshift.resumable", why_not is None)
             if why_not is None:
-                return await self._serve_resumable(request, path, document, span, observed)
-        async with await self._admit(tenant, span, observed):
-            return await self._relay.forward(request, path, body, observed=observed)
+                return await self._serve_resumable(request, path, document, span, observed, front)
+        async with await self._admit(front, tenant, span, observed):
+            return await front.relay.forward(request, path, body, observed=observed)
 
     async def _serve_resumable(
         self,
@@ -215,18 +336,20 @@ class OpenAIProxy:
         document: dict[str, Any],
         span: trace.Span,
         observed: RequestObservation,
+        front: PoolFront,
     ) -> web.StreamResponse:
         """A preemptible tenant's resumable request: admitted as pausable and relayed across
         pauses (admission_gateway/preemptible.py)."""
-        assert self._preemptible is not None
+        preemptible = front.preemptible
+        assert preemptible is not None
         rid = request_id(request)
         headers = forwardable(request.headers, NOT_FORWARDED_UPSTREAM)
         headers["X-Request-Id"] = rid
-        document = await self._preemptible.with_prompt_ids(path, document, headers)
+        document = await preemptible.with_prompt_ids(path, document, headers)
         tenant = observed.tenant
-        slot = await self._admit(tenant, span, observed, pausable=True)
+        slot = await self._admit(front, tenant, span, observed, pausable=True)
         response_headers: CIMultiDict[str] = CIMultiDict({"X-Request-Id": rid})
-        return await self._preemptible.serve(
+        return await preemptible.serve(
             request,
             path=path,
             document=document,
@@ -277,6 +400,7 @@ class OpenAIProxy:
 
     async def _admit(
         self,
+        front: PoolFront,
         tenant: TenantState,
         span: trace.Span,
         observed: RequestObservation,
@@ -305,7 +429,7 @@ class OpenAIProxy:
                 rejected: dict[str, str | int] = {
                     "slotshift.admission.outcome": "rejected",
                     "slotshift.admission.rejection_reason": error.code or error.error_type,
-                    "slotshift.allocation.version": self._state.applied_version,
+                    "slotshift.allocation.version": front.state.applied_version,
                 }
                 waiting.set_attributes(rejected)
                 waiting.set_status(trace.StatusCode.ERROR, error.code)
@@ -314,7 +438,7 @@ class OpenAIProxy:
         span.set_attributes(
             {
                 "slotshift.admission.outcome": "admitted",
-                "slotshift.allocation.version": self._state.applied_version,
+                "slotshift.allocation.version": front.state.applied_version,
                 "slotshift.queue.wait_s": slot.queue_wait_s,
             }
         )
@@ -323,7 +447,7 @@ class OpenAIProxy:
                 tenant.decision,
                 {
                     "slotshift.link": "admitted under this decision's allocation",
-                    "slotshift.allocation.version": self._state.applied_version,
+                    "slotshift.allocation.version": front.state.applied_version,
                 },
             )
         return slot
@@ -350,6 +474,16 @@ class OpenAIProxy:
         except AdmissionClosed:
             raise self._shutting_down() from None
         return slot
+
+
+def _model_not_found(model: str) -> OpenAIError:
+    return OpenAIError(
+        404,
+        f"The model {model!r} does not exist or you do not have access to it.",
+        error_type="invalid_request_error",
+        code="model_not_found",
+        param="model",
+    )
 
 
 def _require_json_object(body: bytes) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from slotshift.config.base import ConfigModel
 from slotshift.config.emulator import EngineSimConfig
 from slotshift.config.local_stack import LocalStackConfig
 from slotshift.config.pools import PoolConfig
+from slotshift.config.secrets import reveal
 from slotshift.config.services import AgentConfig, ControlPlaneConfig, GatewayConfig
 
 
@@ -37,4 +38,52 @@ class SlotshiftConfig(ConfigModel):
         names = [p.name for p in self.pools]
         if len(set(names)) != len(names):
             raise ValueError(f"pool names repeat: {names}")
+        _check_tenants_fleet_wide(self.pools)
+        fronting = self.gateway.pools
+        if len(set(fronting)) != len(fronting):
+            raise ValueError(f"gateway.pools repeat: {fronting}")
+        for name in fronting:
+            if name not in names:
+                raise ValueError(f"gateway.pools: no pool named {name!r}")
+        fronted = [self.pool(n) for n in self.gateway.pools]
+        if len(fronted) > 1:
+            unnamed = [p.name for p in fronted if not p.models]
+            if unnamed:
+                raise ValueError(
+                    f"gateway.pools: pools {unnamed} name no models: a gateway fronting several "
+                    "pools routes by the request's model, so each must list its models"
+                )
         return self
+
+    def fronted_pools(self) -> list[PoolConfig]:
+        """The pools the gateways front: `gateway.pools`, or the pool `gateway.pool` names;
+        KeyError if that pool is not configured."""
+        if self.gateway.pools:
+            return [self.pool(n) for n in self.gateway.pools]
+        return [self.pool(self.gateway.pool)]
+
+
+def _check_tenants_fleet_wide(pools: list[PoolConfig]) -> None:
+    """A tenant is one name and one set of keys across every pool it is in, and a key names one
+    tenant in the whole fleet (the gateways find the tenant from the key before the pool)."""
+    keys_of: dict[str, tuple[tuple[frozenset[str], str | None], str]] = {}
+    owner_of: dict[str, str] = {}
+    for pool in pools:
+        for tenant in pool.tenants:
+            keys = frozenset(reveal(k) for k in tenant.api_keys)
+            identity = (keys, tenant.api_keys_file)
+            seen = keys_of.get(tenant.name)
+            if seen is not None and seen[0] != identity:
+                raise ValueError(
+                    f"tenant {tenant.name}: its api_keys (or api_keys_file) in pool {pool.name} "
+                    f"differ from those in pool {seen[1]}: a tenant has one set of keys, given "
+                    "the same way, in every pool it is in"
+                )
+            keys_of.setdefault(tenant.name, (identity, pool.name))
+            for key in keys:
+                owner = owner_of.setdefault(key, tenant.name)
+                if owner != tenant.name:
+                    raise ValueError(
+                        f"tenants {owner} and {tenant.name} share an API key: a key names one "
+                        "tenant across every pool"
+                    )

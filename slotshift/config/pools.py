@@ -101,8 +101,16 @@ class PoolConfig(ConfigModel):
     bench/scenarios/burst-full-share.yaml was 173 ms, at 0.02 s 101 ms). At most
     1 / this many fast-path decisions a second."""
 
+    models: list[Name] = Field(default_factory=list)
+    """The model names the pool's engine serves (what a request's `model` says; vLLM's
+    `--served-model-name`). The gateways send a request to a pool that serves its model; pools
+    that serve the same model are replicas of it. Empty: the pool serves whatever model a request
+    names, which only a gateway fronting this pool alone allows."""
+
     tenants: list[TenantConfig]
-    """The tenants sharing the budget."""
+    """The tenants sharing the budget: the tenants that may use the pool's models. A tenant is
+    one name and one set of API keys across every pool it is in (its bounds and share are the
+    pool's own)."""
 
     slo_policy: SloPolicyConfig = SloPolicyConfig()
     """Settings of the slo policy (used when `policy` is slo, or as the agent's fallback)."""
@@ -127,6 +135,9 @@ class PoolConfig(ConfigModel):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"tenant names repeat: {duplicates}")
+        repeated = sorted({m for m in self.models if self.models.count(m) > 1})
+        if repeated:
+            raise ValueError(f"models repeat: {repeated}")
         floors = sum(t.floor_slots for t in self.tenants)
         if floors > self.budget_slots:
             raise ValueError(

@@ -102,7 +102,11 @@ class GatewayConfig(ConfigModel):
     """Port of the OpenAI-compatible API and /metrics; 0 picks one."""
 
     pool: str = "default"
-    """The pool this gateway serves."""
+    """The pool this gateway fronts, when `pools` is empty."""
+
+    pools: list[str] = Field(default_factory=list)
+    """The pools this gateway fronts (every replica reads the same section): each request goes
+    to a pool that serves its `model` (each pool lists its models). Empty: `pool` alone."""
 
     controlplane_target: str = "127.0.0.1:50051"
     """host:port of the control plane's gRPC API."""

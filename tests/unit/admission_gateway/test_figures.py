@@ -86,7 +86,7 @@ async def _records(
         flush_interval_s=60.0,
         max_buffered_records=100,
     )
-    figures.record_to(RequestLog(writer, "gw-0", "p", SessionHasher(b"k" * 16)))
+    figures.record_to(RequestLog(writer, "gw-0", SessionHasher(b"k" * 16)))
     play(figures, state, clock)
     await writer.close()
     return list(read_log(writer.path))

@@ -262,3 +262,76 @@ def test_set_flags_become_overrides_with_yaml_values() -> None:
     }
     with pytest.raises(ConfigError, match=r"expected SECTION\.FIELD=VALUE"):
         parse_overrides(["gateway.port"])
+
+
+def _fleet(**gateway: Any) -> dict[str, Any]:
+    """Two pools serving two models; tenant A in both, B in the first."""
+    return {
+        "pools": [
+            {
+                "name": "llama",
+                "models": ["llama-3b", "llama"],
+                "budget_slots": 8,
+                "tenants": [
+                    {"name": "A", "api_keys": ["key-a"]},
+                    {"name": "B", "api_keys": ["key-b"]},
+                ],
+            },
+            {
+                "name": "qwen",
+                "models": ["qwen-7b"],
+                "budget_slots": 4,
+                "tenants": [{"name": "A", "api_keys": ["key-a"]}],
+            },
+        ],
+        "gateway": gateway or {"pools": ["llama", "qwen"]},
+    }
+
+
+def test_a_gateway_fronts_the_pools_it_names() -> None:
+    config = parse_config(_fleet())
+    assert [p.name for p in config.fronted_pools()] == ["llama", "qwen"]
+    single = parse_config(_fleet(pool="qwen"))
+    assert [p.name for p in single.fronted_pools()] == ["qwen"]
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        pytest.param(
+            lambda d: d["pools"][1]["tenants"][0].update(api_keys=["other-key"]),
+            r"tenant A: its api_keys .* in pool qwen differ from those in pool llama",
+            id="a-tenant-with-two-key-sets",
+        ),
+        pytest.param(
+            lambda d: d["pools"][1]["tenants"].append({"name": "C", "api_keys": ["key-b"]}),
+            r"tenants B and C share an API key",
+            id="a-key-for-two-tenants-across-pools",
+        ),
+        pytest.param(
+            lambda d: d["gateway"].update(pools=["llama", "mistral"]),
+            r"gateway.pools: no pool named 'mistral'",
+            id="an-unknown-pool",
+        ),
+        pytest.param(
+            lambda d: d["gateway"].update(pools=["llama", "llama"]),
+            r"gateway.pools repeat",
+            id="a-pool-twice",
+        ),
+        pytest.param(
+            lambda d: d["pools"][1].update(models=[]),
+            r"pools \['qwen'\] name no models",
+            id="several-pools-one-without-models",
+        ),
+        pytest.param(
+            lambda d: d["pools"][0].update(models=["llama", "llama"]),
+            r"models repeat: \['llama'\]",
+            id="a-model-twice",
+        ),
+    ],
+)
+def test_a_fleet_that_cannot_route_is_refused(change: Any, problem: str) -> None:
+    document = _fleet()
+    change(document)
+    with pytest.raises(ConfigError, match=problem):
+        parse_config(document)
