@@ -50,11 +50,10 @@ async def _serve(
     await gateway.start()
     try:
         logger.info(
-            "admission gateway ready on %s (gateway %s, pool %s, engine %s, control plane %s)",
+            "admission gateway ready on %s (gateway %s, pools %s, control plane %s)",
             gateway.url,
             gateway.gateway_id,
-            config.gateway.pool,
-            config.pool(config.gateway.pool).engine_url,
+            ", ".join(f"{p.name} at {p.engine_url}" for p in config.fronted_pools()),
             config.gateway.controlplane_target,
         )
         await stop.wait()

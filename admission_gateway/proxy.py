@@ -168,6 +168,8 @@ class OpenAIProxy:
             for endpoint in pools
         ]
         self._by_name = {front.name: front for front in self._fronts}
+        self._turn = 0
+        """Requests routed so far: replicas tied on room take turns by it."""
         only = self._fronts[0]
         self._only = only if len(self._fronts) == 1 and not only.models else None
         """The one pool of a gateway that fronts one naming no models: every request goes
@@ -291,8 +293,9 @@ class OpenAIProxy:
                 code="invalid_type",
                 param="model",
             )
+        self._turn += 1
         try:
-            routed = route(self._fronts, tenant, model)
+            routed = route(self._fronts, tenant, model, self._turn)
         except ModelNotFound as exc:
             raise _model_not_found(exc.model) from None
         except ModelRequired as exc:

@@ -73,7 +73,7 @@ def tenant_models(fronts: Sequence[Front], tenant: str) -> list[str]:
     return models
 
 
-def route(fronts: Sequence[Front], tenant: str, model: str | None) -> Routed:
+def route(fronts: Sequence[Front], tenant: str, model: str | None, turn: int = 0) -> Routed:
     """The pool for a request of `tenant` naming `model` (None: it names none).
 
     Contract (tests/unit/admission_gateway/test_routing.py):
@@ -82,7 +82,9 @@ def route(fronts: Sequence[Front], tenant: str, model: str | None) -> Routed:
     - no model named: the tenant's only model (the first name of every pool it may use: the
       others are aliases), or, with one pool that names none, that pool; else ModelRequired;
     - no candidate serves the model: ModelNotFound, whether the model exists or not;
-    - among candidates, the most room, then the fewest in flight, then the first configured.
+    - among candidates, the most room, then the fewest in flight; replicas tied on both take
+      turns: the `turn`-th of them (modulo their number, in config order), so that a caller
+      counting its requests spreads a light load evenly.
     """
     usable = [(front, room) for front in fronts if (room := front.room(tenant)) is not None]
     if model is None:
@@ -93,12 +95,9 @@ def route(fronts: Sequence[Front], tenant: str, model: str | None) -> Routed:
         if len(canonical) != 1 or any(not front.models for front, _ in usable):
             raise ModelRequired(tenant_models(fronts, tenant))
         model = canonical.pop()
-    best: tuple[Front, tuple[int, int]] | None = None
-    for front, room in usable:
-        if front.models and model not in front.models:
-            continue
-        if best is None or (room[0], -room[1]) > (best[1][0], -best[1][1]):
-            best = (front, room)
-    if best is None:
+    serving = [(f, room) for f, room in usable if not f.models or model in f.models]
+    if not serving:
         raise ModelNotFound(model)
-    return Routed(best[0].name, model)
+    best = max((room[0], -room[1]) for _, room in serving)
+    tied = [f for f, room in serving if (room[0], -room[1]) == best]
+    return Routed(tied[turn % len(tied)].name, model)

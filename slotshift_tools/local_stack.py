@@ -168,10 +168,7 @@ class LocalStack:
         if config.local_stack.engine == "vllm":
             await self._start_vllm()
         elif config.local_stack.start_engine_sim:
-            sim = config.engine_sim
-            await self._start(
-                "engine-sim", [], _http_ok(f"http://{sim.host}:{sim.port}/health"), timeout_s
-            )
+            await self._start_emulators(timeout_s)
         cp = config.controlplane
         await self._start(
             "controlplane",
@@ -191,6 +188,34 @@ class LocalStack:
         await self._start(
             "agent", [], _http_ok(f"http://{agent.host}:{agent.metrics_port}/health"), timeout_s
         )
+
+    async def _start_emulators(self, timeout_s: float) -> None:
+        """The emulator; with several fronted pools, one per pool, each on its engine_url's port
+        serving the pool's first model (and the profile `local_stack.emulator_profiles` names)."""
+        pools = self.config.fronted_pools()
+        if len(pools) == 1:
+            sim = self.config.engine_sim
+            await self._start(
+                "engine-sim", [], _http_ok(f"http://{sim.host}:{sim.port}/health"), timeout_s
+            )
+            return
+        profiles = self.config.local_stack.emulator_profiles
+        for pool in pools:
+            port = urllib.parse.urlsplit(pool.engine_url).port
+            if port is None:
+                raise StackError(
+                    f"pool {pool.name}: its engine_url {pool.engine_url} names no port"
+                )
+            settings = [f"engine_sim.port={port}", f"engine_sim.model_name={pool.models[0]}"]
+            if pool.name in profiles:
+                settings.append(f"engine_sim.profile={profiles[pool.name]}")
+            await self._start(
+                f"engine-sim-{pool.name}",
+                [arg for pair in settings for arg in ("--set", pair)],
+                _http_ok(f"http://{self.config.engine_sim.host}:{port}/health"),
+                timeout_s,
+                command="engine-sim",
+            )
 
     async def _start_vllm(self) -> None:
         """Real vLLM on the CPU (slotshift_tools/vllm_cpu), the pool and the agent pointed at it."""

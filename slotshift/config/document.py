@@ -45,6 +45,9 @@ class SlotshiftConfig(ConfigModel):
         for name in fronting:
             if name not in names:
                 raise ValueError(f"gateway.pools: no pool named {name!r}")
+        unknown = sorted(set(self.local_stack.emulator_profiles) - set(names))
+        if unknown:
+            raise ValueError(f"local_stack.emulator_profiles: no pools named {unknown}")
         fronted = [self.pool(n) for n in self.gateway.pools]
         if len(fronted) > 1:
             unnamed = [p.name for p in fronted if not p.models]

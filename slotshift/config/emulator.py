@@ -8,6 +8,9 @@ from pydantic import Field
 
 from slotshift.config.base import ConfigModel, Port, PositiveSeconds
 
+EmulatorProfile = Literal["h200-qwen2.5-3b", "h200-qwen2.5-7b"]
+"""The emulated GPUs and models (engine_sim/profiles.py)."""
+
 
 class EngineSimConfig(ConfigModel):
     """The vLLM emulator: an OpenAI-compatible server that models continuous batching."""
@@ -18,7 +21,7 @@ class EngineSimConfig(ConfigModel):
     port: Port = 8000
     """Port of its OpenAI API and /metrics; 0 picks one."""
 
-    profile: Literal["h200-qwen2.5-3b", "h200-qwen2.5-7b"] = "h200-qwen2.5-3b"
+    profile: EmulatorProfile = "h200-qwen2.5-3b"
     """The emulated GPU and model (see engine_sim/profiles.py): step-time costs, batch limits,
     KV-cache size and memory. Every field below that is unset (null) takes the profile's value;
     a value set here overrides the profile's. The emulator refuses to start, as vLLM would, when

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field
 
 from slotshift.config.base import ConfigModel, Port, PositiveSeconds
+from slotshift.config.emulator import EmulatorProfile
 
 
 class LocalStackConfig(ConfigModel):
@@ -17,6 +18,10 @@ class LocalStackConfig(ConfigModel):
 
     start_engine_sim: bool = True
     """Start the emulator (false when a real engine serves the pool's engine_url)."""
+
+    emulator_profiles: dict[str, EmulatorProfile] = Field(default_factory=dict)
+    """pool -> the profile of the emulator started for it (with several fronted pools, one
+    emulator runs per pool); a pool not named here gets `engine_sim.profile`."""
 
     ready_timeout_s: PositiveSeconds = 30.0
     """Seconds each service gets to become ready."""
