@@ -186,6 +186,7 @@ class AdmissionGateway:
             clock=self._clock,
             tracer=self._tracer,
             paused_keepalive_interval_s=self._settings.paused_keepalive_interval_s,
+            replica_down_s=self._settings.replica_down_s,
         )
         app = web.Application(middlewares=[openai_errors])
         app.add_routes(self._proxy.routes())

@@ -44,6 +44,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,6 +74,8 @@ from admission_gateway.upstream import EngineClient
 from slotshift.clock import Clock
 from slotshift.trace_context import parent_from
 
+logger = logging.getLogger(__name__)
+
 _Handler = Callable[[web.Request, str, trace.Span], Awaitable[web.StreamResponse]]
 
 
@@ -98,15 +102,21 @@ class PoolFront:
         retry_after: Mapping[str, str],
         paused_keepalive_interval_s: float,
         tracer: trace.Tracer,
+        clock: Clock,
+        down_s: float,
     ) -> None:
         self.state = endpoint.state
         self.models = endpoint.models
+        self._clock = clock
+        self._down_s = down_s
+        self._down_until_s = -math.inf
         self.relay = EngineRelay(
             engine=endpoint.engine,
             engine_url=endpoint.engine_url,
             upstream_timeout_s=upstream_timeout_s,
             retry_after=retry_after,
             tracer=tracer,
+            on_unreachable=self.engine_unreachable,
         )
         self.preemptible = (
             PreemptibleRelay(
@@ -124,6 +134,21 @@ class PoolFront:
     @property
     def name(self) -> str:
         return self.state.pool_name
+
+    @property
+    def available(self) -> bool:
+        """routing.Front.available: not within `down_s` of its engine last being unreachable."""
+        return self._clock.monotonic() >= self._down_until_s
+
+    def engine_unreachable(self) -> None:
+        """Its engine could not be reached: routing passes it over for `down_s`."""
+        if self.available:
+            logger.warning(
+                "engine of pool %s unreachable; routing around it for %.1f s",
+                self.name,
+                self._down_s,
+            )
+        self._down_until_s = self._clock.monotonic() + self._down_s
 
     def room(self, tenant: str) -> tuple[int, int] | None:
         """routing.Front.room: the tenant's free slots here less its queue, and its in flight."""
@@ -150,6 +175,7 @@ class OpenAIProxy:
         tracer: trace.Tracer | None = None,
         gateway_id: str = "",
         paused_keepalive_interval_s: float = 5.0,
+        replica_down_s: float = 2.0,
     ) -> None:
         if not pools:
             raise ValueError("a gateway fronts at least one pool")
@@ -164,6 +190,8 @@ class OpenAIProxy:
                 retry_after=self._retry_after,
                 paused_keepalive_interval_s=paused_keepalive_interval_s,
                 tracer=self._tracer,
+                clock=clock,
+                down_s=replica_down_s,
             )
             for endpoint in pools
         ]

@@ -34,6 +34,12 @@ class Front(Protocol):
         not use this pool."""
         ...
 
+    @property
+    def available(self) -> bool:
+        """False while its engine could not be reached lately: passed over while a replica
+        that is available serves the model."""
+        ...
+
 
 class RoutingError(Exception):
     """A request no pool can take; the message is safe to show to the client."""
@@ -82,6 +88,7 @@ def route(fronts: Sequence[Front], tenant: str, model: str | None, turn: int = 0
     - no model named: the tenant's only model (the first name of every pool it may use: the
       others are aliases), or, with one pool that names none, that pool; else ModelRequired;
     - no candidate serves the model: ModelNotFound, whether the model exists or not;
+    - candidates that are not `available` only when none is;
     - among candidates, the most room, then the fewest in flight; replicas tied on both take
       turns: the `turn`-th of them (modulo their number, in config order), so that a caller
       counting its requests spreads a light load evenly.
@@ -98,6 +105,9 @@ def route(fronts: Sequence[Front], tenant: str, model: str | None, turn: int = 0
     serving = [(f, room) for f, room in usable if not f.models or model in f.models]
     if not serving:
         raise ModelNotFound(model)
+    # A replica whose engine cannot be reached is no choice while another can take the request;
+    # with none available, the request tries its luck as if all were.
+    serving = [(f, room) for f, room in serving if f.available] or serving
     best = max((room[0], -room[1]) for _, room in serving)
     tied = [f for f, room in serving if (room[0], -room[1]) == best]
     return Routed(tied[turn % len(tied)].name, model)

@@ -108,6 +108,10 @@ class GatewayConfig(ConfigModel):
     """The pools this gateway fronts (every replica reads the same section): each request goes
     to a pool that serves its `model` (each pool lists its models). Empty: `pool` alone."""
 
+    replica_down_s: PositiveSeconds = 2.0
+    """Seconds a pool whose engine could not be reached (no connection) is passed over while
+    another pool serves the request's model; then it is tried again."""
+
     controlplane_target: str = "127.0.0.1:50051"
     """host:port of the control plane's gRPC API."""
 

@@ -17,6 +17,7 @@ class _Front:
     name: str
     models: tuple[str, ...]
     rooms: dict[str, tuple[int, int]] = field(default_factory=dict)
+    available: bool = True
 
     def room(self, tenant: str) -> tuple[int, int] | None:
         return self.rooms.get(tenant)
@@ -75,6 +76,14 @@ def test_replicas_by_room_then_fewest_in_flight_then_config_order() -> None:
     ], "tied on both: they take turns"
     one.rooms["A"] = (-3, 8)
     assert route([one, two], "A", "m").pool == "two", "queued requests count against room"
+
+
+def test_an_unreachable_replica_is_passed_over_while_another_serves_the_model() -> None:
+    down = _Front("one", ("m",), {"A": (9, 0)}, available=False)
+    up = _Front("two", ("m",), {"A": (1, 3)})
+    assert route([down, up], "A", "m").pool == "two", "despite its room"
+    up.available = False
+    assert route([down, up], "A", "m").pool == "one", "none available: room decides again"
 
 
 @given(st.lists(st.tuples(st.integers(-5, 5), st.integers(0, 5)), min_size=1, max_size=5))

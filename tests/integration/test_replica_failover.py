@@ -1,0 +1,121 @@
+"""Integration, real servers on port 0 in one process: two emulators serving one model as two
+pools (replicas) and a third serving another model, behind one gateway. When one replica's
+engine goes away under load, the gateway routes that model's requests to the other replica
+(only requests that were on the lost engine, or reached for it first, fail, with 502), and no
+request of the other model fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+
+import openai
+import pytest
+
+from admission_gateway.gateway import AdmissionGateway
+from controlplane.server import ControlPlane
+from engine_sim.server import EngineSim
+from slotshift.config import SlotshiftConfig, parse_config
+from tests.support import wait_until
+
+pytestmark = pytest.mark.integration
+
+KEY = "sk-failover-tenant-a-51c0e2"
+SMALL = "small"
+LARGE = "large"
+POOLS = {"small-a": SMALL, "small-b": SMALL, "large": LARGE}
+
+
+def _config(urls: dict[str, str], grpc_port: int) -> SlotshiftConfig:
+    return parse_config(
+        {
+            "pools": [
+                {
+                    "name": pool,
+                    "models": [model],
+                    "budget_slots": 8,
+                    "engine_url": urls[pool],
+                    "tenants": [{"name": "A", "api_keys": [KEY]}],
+                }
+                for pool, model in POOLS.items()
+            ],
+            "controlplane": {"grpc_port": grpc_port, "metrics_port": 0},
+            "gateway": {
+                "pools": list(POOLS),
+                "port": 0,
+                "controlplane_target": f"127.0.0.1:{grpc_port}",
+                "report_interval_s": 0.05,
+                "replica_down_s": 30.0,
+            },
+            "engine_sim": {"port": 0},
+        }
+    )
+
+
+@dataclass
+class _Fleet:
+    engines: dict[str, EngineSim]
+    gateway: AdmissionGateway
+
+
+@pytest.fixture
+async def fleet() -> AsyncIterator[_Fleet]:
+    async with AsyncExitStack() as exits:
+        unknown = {pool: "http://127.0.0.1:1" for pool in POOLS}
+        engines = {}
+        for pool, model in POOLS.items():
+            settings = _config(unknown, 0).engine_sim.model_copy(update={"model_name": model})
+            engines[pool] = EngineSim(settings)
+            await engines[pool].start()
+            exits.push_async_callback(engines[pool].stop)
+        urls = {pool: engine.url for pool, engine in engines.items()}
+        control_plane = ControlPlane(_config(urls, 0))
+        await control_plane.start()
+        exits.push_async_callback(control_plane.stop)
+        gateway = AdmissionGateway(_config(urls, control_plane.grpc_port), gateway_id="gw-0")
+        await gateway.start()
+        exits.push_async_callback(gateway.stop)
+        yield _Fleet(engines, gateway)
+
+
+async def test_a_lost_replica_is_routed_around_and_the_other_model_never_fails(
+    fleet: _Fleet,
+) -> None:
+    outcomes: dict[str, list[str]] = {SMALL: [], LARGE: []}
+    stop = asyncio.Event()
+
+    async def user(client: openai.AsyncOpenAI, model: str) -> None:
+        while not stop.is_set():
+            try:
+                await client.completions.create(
+                    model=model, prompt="hi", max_tokens=8, extra_body={"ignore_eos": True}
+                )
+                outcomes[model].append("ok")
+            except openai.APIStatusError as exc:
+                outcomes[model].append(str(exc.status_code))
+
+    async with (
+        openai.AsyncOpenAI(
+            base_url=fleet.gateway.url + "/v1", api_key=KEY, max_retries=0
+        ) as client,
+        asyncio.TaskGroup() as users,
+    ):
+        for index in range(6):
+            users.create_task(user(client, (SMALL, LARGE)[index % 2]), name=f"user-{index}")
+        await wait_until(lambda: len(outcomes[SMALL]) >= 20, message="load on both replicas")
+        served = fleet.engines["small-a"].completed_count
+        assert served > 0 and fleet.engines["small-b"].completed_count > 0
+        await fleet.engines["small-a"].stop()
+        lost_at = len(outcomes[SMALL])
+        await wait_until(
+            lambda: outcomes[SMALL][lost_at:].count("ok") >= 30, message="the other replica"
+        )
+        stop.set()
+    assert set(outcomes[LARGE]) == {"ok"}, "the other model's requests never fail"
+    failed = [o for o in outcomes[SMALL] if o != "ok"]
+    assert set(failed) <= {"502"}
+    assert len(failed) <= 3, "only requests on the lost engine, or reaching for it first"
+    after = outcomes[SMALL][lost_at + len(failed) :]
+    assert after and set(after[-20:]) == {"ok"}
