@@ -4,7 +4,11 @@ Start order: engine (the emulator, or with `local_stack.engine: vllm` real vLLM 
 control plane, gateways, agent; each must be ready (its health endpoint answers) before the next
 starts. Stop order is the reverse, each with SIGTERM (each service then says NOT_SERVING, stops
 accepting, drains and exits) and a grace period before SIGKILL. Every child's output is
-forwarded line by line, prefixed with its name, or written to a log file of its own.
+forwarded line by line, prefixed with its name, or written to a log file of its own. Under
+`slotshift up` a service that exits on its own is restarted with backoff while the others keep
+serving (`local_stack.restart_services`), so that the services' fail-static behaviour is what
+one sees: kill the control plane and the gateways go on admitting within their last limits until
+it is back.
 
 The tools that run a stack of their own (the bench, the soak) start it through LocalStack too:
 StackPorts picks free ports, write_config writes the config file the children read.
@@ -121,13 +125,39 @@ def write_config(
     path.write_text(header + yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
 
 
+RESTART_INITIAL_S = 0.5
+RESTART_MAX_S = 10.0
+"""Backoff between restarts of a service that exited: doubling from the first to the most."""
+RESTART_HEALTHY_S = 30.0
+"""A service that ran this long before it exited starts its backoff afresh."""
+RESTARTS_ALLOWED = 5
+RESTART_WINDOW_S = 60.0
+"""A service that exits more than RESTARTS_ALLOWED times in RESTART_WINDOW_S keeps failing:
+`slotshift up` gives up on it and stops."""
+
+
+@dataclass
+class Launch:
+    """How a child is started, and known to be ready: kept to restart it the same way."""
+
+    argv: list[str]
+    env: dict[str, str] | None
+    ready: Callable[[], Awaitable[bool]]
+    timeout_s: float
+
+
 @dataclass
 class Child:
     name: str
     process: asyncio.subprocess.Process
+    launch: Launch
     stop_grace_s: float = STOP_GRACE_S
     owns_process_group: bool = False
     """It starts processes of its own (vLLM): what is left of its group is killed after it."""
+    restarts: int = 0
+    """Times it was restarted after exiting on its own."""
+    gave_up: bool = False
+    """Whether it kept failing and is no longer restarted."""
 
 
 class LocalStack:
@@ -146,7 +176,12 @@ class LocalStack:
         *,
         interrupt: asyncio.Event | None = None,
         log_dir: Path | None = None,
+        supervise: bool = False,
     ) -> None:
+        """supervise: restart a child that exits on its own, with backoff, as compose's
+        `restart: unless-stopped` would, until it keeps failing (RESTARTS_ALLOWED in
+        RESTART_WINDOW_S); the others keep serving meanwhile. Off (the bench, the soak): an
+        exited child stays exited, and `failed` names it."""
         self.config = config
         """The stack's config, with the engine's address once start() has chosen it."""
         self._interrupt = interrupt if interrupt is not None else asyncio.Event()
@@ -158,6 +193,8 @@ class LocalStack:
             self._base_args += ["--set", pair]
         self._children: list[Child] = []
         self._tasks = Supervisor("local-stack")
+        self._supervise = supervise
+        self._stopping = False
 
     async def start(self) -> None:
         """Start every service of `config` in order, each ready before the next; StackError
@@ -312,13 +349,29 @@ class LocalStack:
                 *self._base_args,
                 *extra,
             ]
+        launch = Launch(argv, env, ready, timeout_s)
+        child = Child(
+            name,
+            await self._spawn(name, launch),
+            launch,
+            stop_grace_s=stop_grace_s,
+            owns_process_group=owns_process_group,
+        )
+        self._children.append(child)
+        await self._wait_ready(child)
+        logger.info("%s is ready (pid %d)", name, child.process.pid)
+        if self._supervise:
+            self._tasks.spawn(f"supervise/{name}", self._keep_running(child), forever=False)
+
+    async def _spawn(self, name: str, launch: Launch) -> asyncio.subprocess.Process:
+        """The child's process, its output forwarded or appended to its log file."""
         log: IO[bytes] | None = None
         if self._log_dir is not None:
             log = await asyncio.to_thread((self._log_dir / f"{name}.log").open, "ab")
         try:
             process = await asyncio.create_subprocess_exec(
-                *argv,
-                env=env,
+                *launch.argv,
+                env=launch.env,
                 stdout=asyncio.subprocess.PIPE if log is None else log,
                 stderr=asyncio.subprocess.STDOUT,
                 # Own process group: Ctrl-C reaches `up`, which stops the children in order.
@@ -327,34 +380,89 @@ class LocalStack:
         finally:
             if log is not None:
                 log.close()
-        child = Child(
-            name, process, stop_grace_s=stop_grace_s, owns_process_group=owns_process_group
-        )
-        self._children.append(child)
         if log is None:
-            self._tasks.spawn(f"forward-output/{name}", self._forward(child), forever=False)
-        deadline = time.monotonic() + timeout_s
-        while not await ready():
+            self._tasks.spawn(
+                f"forward-output/{name}/{process.pid}", self._forward(name, process), forever=False
+            )
+        return process
+
+    async def _wait_ready(self, child: Child) -> None:
+        """Until the child's ready check holds; StackError if it exits, is not ready in time,
+        or `interrupt` is set meanwhile."""
+        name, process = child.name, child.process
+        deadline = time.monotonic() + child.launch.timeout_s
+        while not await child.launch.ready():
             if process.returncode is not None:
                 raise StackError(f"{name} exited with status {process.returncode} while starting")
             if self._interrupt.is_set():
                 # vLLM takes minutes to start: Ctrl-C must not wait for it.
                 raise StackError(f"interrupted while {name} was starting")
             if time.monotonic() > deadline:
-                raise StackError(f"{name} was not ready within {timeout_s:.0f} s")
+                raise StackError(f"{name} was not ready within {child.launch.timeout_s:.0f} s")
             await asyncio.sleep(0.1)
-        logger.info("%s is ready (pid %d)", name, process.pid)
 
-    async def _forward(self, child: Child) -> None:
-        assert child.process.stdout is not None
-        width = max(len("controlplane"), len(child.name))
-        async for line in child.process.stdout:
-            sys.stdout.write(f"{child.name:<{width}} | {line.decode(errors='replace')}")
+    async def _keep_running(self, child: Child) -> None:
+        """Restart `child` whenever it exits on its own, with backoff, until it keeps failing
+        (then `failed` names it and `slotshift up` stops)."""
+        backoff_s = RESTART_INITIAL_S
+        exits: list[float] = []
+        started_at = time.monotonic()
+        while True:
+            status = await child.process.wait()
+            if self._stopping:
+                return
+            now = time.monotonic()
+            exits = [t for t in exits if now - t < RESTART_WINDOW_S] + [now]
+            if now - started_at >= RESTART_HEALTHY_S:
+                backoff_s = RESTART_INITIAL_S
+            if len(exits) > RESTARTS_ALLOWED:
+                child.gave_up = True
+                logger.error(
+                    "%s exited %d times within %.0f s; giving up on it",
+                    child.name,
+                    len(exits),
+                    RESTART_WINDOW_S,
+                )
+                return
+            logger.error(
+                "%s exited with status %s; restarting it in %.1f s (the others keep serving)",
+                child.name,
+                status,
+                backoff_s,
+            )
+            await asyncio.sleep(backoff_s)
+            backoff_s = min(2 * backoff_s, RESTART_MAX_S)
+            if self._stopping:
+                return
+            if child.owns_process_group:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.process.pid, signal.SIGKILL)
+            child.process = await self._spawn(child.name, child.launch)
+            child.restarts += 1
+            started_at = time.monotonic()
+            try:
+                await self._wait_ready(child)
+            except StackError as exc:
+                logger.error("%s", exc)
+                continue
+            logger.info("%s is ready again (pid %d)", child.name, child.process.pid)
+
+    async def _forward(self, name: str, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        width = max(len("controlplane"), len(name))
+        async for line in process.stdout:
+            sys.stdout.write(f"{name:<{width}} | {line.decode(errors='replace')}")
             sys.stdout.flush()
 
     def failed(self) -> list[str]:
-        """Children that have exited on their own."""
+        """Children that have failed: exited on their own, or, when supervised, kept failing."""
+        if self._supervise:
+            return [c.name for c in self._children if c.gave_up]
         return [c.name for c in self._children if c.process.returncode is not None]
+
+    def restarts(self) -> dict[str, int]:
+        """Each child's restarts so far (supervised stacks), by name in start order."""
+        return {c.name: c.restarts for c in self._children}
 
     def pids(self) -> dict[str, int | None]:
         """Each child started so far, by name in start order: its pid while it runs, None once
@@ -364,7 +472,9 @@ class LocalStack:
         }
 
     async def stop(self) -> None:
-        """SIGTERM each child in reverse start order; SIGKILL what outlives the grace period."""
+        """SIGTERM each child in reverse start order; SIGKILL what outlives the grace period.
+        Nothing is restarted from now on."""
+        self._stopping = True
         for child in reversed(self._children):
             if child.process.returncode is None:
                 child.process.send_signal(signal.SIGTERM)
@@ -419,7 +529,14 @@ async def run_local_stack(
 ) -> int:
     """Start the stack; with `demo`, run the demo load and stop; else run until SIGINT/SIGTERM."""
     stop = asyncio.Event()
-    stack = LocalStack(config, config_path, overrides, log_level, interrupt=stop)
+    stack = LocalStack(
+        config,
+        config_path,
+        overrides,
+        log_level,
+        interrupt=stop,
+        supervise=config.local_stack.restart_services,
+    )
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
@@ -437,7 +554,7 @@ async def run_local_stack(
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 0.5)
                 if stack.failed():
-                    logger.error("stopping: %s exited", ", ".join(stack.failed()))
+                    logger.error("stopping: %s kept failing", ", ".join(stack.failed()))
                     status = 1
                     break
     except StackError as exc:

@@ -23,6 +23,11 @@ class LocalStackConfig(ConfigModel):
     """pool -> the profile of the emulator started for it (with several fronted pools, one
     emulator runs per pool); a pool not named here gets `engine_sim.profile`."""
 
+    restart_services: bool = True
+    """Restart a service that exits on its own, with backoff (0.5 s doubling to 10 s), while the
+    others keep serving; `slotshift up` stops only when asked or when a service exits more than
+    5 times in 60 s. False: any service exiting stops the stack."""
+
     ready_timeout_s: PositiveSeconds = 30.0
     """Seconds each service gets to become ready."""
 

@@ -43,7 +43,8 @@ DOC_ADDRESS = "127.0.0.1:50051"
 MODEL = "Qwen/Qwen2.5-3B-Instruct"
 
 _FENCED = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
-_METRIC_IN_TEXT = re.compile(r"\b(?:slotshift_[a-z0-9_]+|vllm:[a-z0-9_:]+)")
+# A name followed by "/" or "." is a path or a module (slotshift_tools/replay.py), not a metric.
+_METRIC_IN_TEXT = re.compile(r"\b(?:slotshift_[a-z0-9_]+(?![a-z0-9_]*[/.]\w)|vllm:[a-z0-9_:]+)")
 
 
 def _blocks(language: str) -> list[str]:
