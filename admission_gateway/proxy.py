@@ -116,8 +116,8 @@ class PoolFront:
             upstream_timeout_s=upstream_timeout_s,
             retry_after=retry_after,
             tracer=tracer,
-            on_unreachable=self.engine_unreachable,
         )
+        endpoint.engine.on_unreachable = self.engine_unreachable
         self.preemptible = (
             PreemptibleRelay(
                 engine=endpoint.engine,

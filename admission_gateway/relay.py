@@ -25,7 +25,7 @@ import asyncio
 import logging
 import re
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
@@ -80,16 +80,12 @@ class EngineRelay:
         upstream_timeout_s: float,
         retry_after: Mapping[str, str],
         tracer: trace.Tracer,
-        on_unreachable: Callable[[], None] | None = None,
     ) -> None:
-        """on_unreachable: called when the engine cannot be reached at all (no connection), so
-        that routing passes this engine's pool over for a while (routing.py)."""
         self._engine = engine
         self._engine_url = engine_url.rstrip("/")
         self._upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
         self._retry_after = dict(retry_after)
         self._tracer = tracer
-        self._on_unreachable = on_unreachable
 
     async def forward(
         self,
@@ -147,8 +143,6 @@ class EngineRelay:
         except TimeoutError:
             raise upstream_timeout() from None
         except aiohttp.ClientError as exc:
-            if isinstance(exc, aiohttp.ClientConnectorError) and self._on_unreachable is not None:
-                self._on_unreachable()
             raise upstream_failed(exc) from None
         record_status(span, upstream.status, None, client=True)
         try:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import ssl
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -66,6 +66,9 @@ class EngineClient:
         )
         """The pooled session, for requests that need no retry (their failure is harmless)."""
         self._fresh = _session(aiohttp.TCPConnector(limit=0, ssl=engine_ssl, force_close=True), [])
+        self.on_unreachable: Callable[[], None] | None = None
+        """Called whenever `send` finds the engine unreachable (no connection could be made),
+        so that routing passes its pool over for a while (admission_gateway/routing.py)."""
 
     async def close(self) -> None:
         await self.pooled.close()
@@ -92,6 +95,21 @@ class EngineClient:
         headers have arrived; the caller reads, releases or closes it. Raises what
         `session.request` raises: TimeoutError on a timeout (never retried),
         aiohttp.ClientError on any other failure, of the retry where there was one."""
+        try:
+            return await self._send(method, url, data, headers, client_timeout)
+        except aiohttp.ClientConnectorError:
+            if self.on_unreachable is not None:
+                self.on_unreachable()
+            raise
+
+    async def _send(
+        self,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: Mapping[str, str],
+        client_timeout: aiohttp.ClientTimeout,
+    ) -> aiohttp.ClientResponse:
         first = _Attempt()
         try:
             return await self.pooled.request(

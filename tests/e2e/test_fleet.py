@@ -6,18 +6,25 @@ spread over its replicas."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import os
+import re
+import signal
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import openai
 import pytest
 
+from slotshift_tools.engine_probe import requests_inside
 from slotshift_tools.metrics_scrape import parse_samples
 from tests.e2e.conftest import ROOT
 from tests.e2e.service_processes import grpc_serving, http_ok, slotshift_up
-from tests.support import free_port
+from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -112,3 +119,70 @@ def test_the_replicated_models_requests_take_turns_over_its_replicas(fleet: _Fle
     assert served["large"] == 0
     assert served["small-a"] + served["small-b"] == 20
     assert 8 <= served["small-a"] <= 12, served
+
+
+def _pid_of(log: Path, service: str) -> int:
+    """The pid `slotshift up` last logged for `service`."""
+    pattern = re.compile(rf"\b{re.escape(service)} is ready(?: again)? \(pid (\d+)\)")
+    return int(pattern.findall(log.read_text(errors="replace"))[-1])
+
+
+async def test_a_killed_replica_under_load_fails_no_request_of_the_other_model(
+    fleet: _Fleet,
+) -> None:
+    """Closed-loop load of both models through both gateways while each engine's requests are
+    sampled: no engine ever holds more than its pool's budget; kill -9 one replica of the small
+    model, and the large model's requests never fail while the small model's move to the other
+    replica (`slotshift up` restarts the killed one meanwhile)."""
+    budgets = {"small-a": 48, "small-b": 48, "large": 32}
+    outcomes: dict[str, list[int | str]] = {SMALL: [], LARGE: []}
+    inside: dict[str, list[int]] = {pool: [] for pool in POOLS}
+    stop = asyncio.Event()
+
+    async def client(session: aiohttp.ClientSession, url: str, model: str) -> None:
+        body = {"model": model, "prompt": "load", "max_tokens": 16, "ignore_eos": True}
+        headers = {"Authorization": "Bearer fleet-key-b"}
+        while not stop.is_set():
+            try:
+                async with session.post(f"{url}/v1/completions", json=body, headers=headers) as r:
+                    await r.read()
+                    outcomes[model].append(r.status)
+            except aiohttp.ClientError as exc:
+                outcomes[model].append(type(exc).__name__)
+                await asyncio.sleep(0.05)
+
+    async def sample(session: aiohttp.ClientSession, pool: str) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(f"{fleet.engine_urls[pool]}/metrics") as r:
+                    inside[pool].append(requests_inside(await r.text()))
+            await asyncio.sleep(0.02)
+
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session,
+        asyncio.TaskGroup() as tasks,
+    ):
+        for url in fleet.gateway_urls:
+            for model in (SMALL, LARGE):
+                for index in range(6):
+                    tasks.create_task(client(session, url, model), name=f"{model}-{index}")
+        for pool in POOLS:
+            tasks.create_task(sample(session, pool), name=f"sample-{pool}")
+        await wait_until(lambda: len(outcomes[SMALL]) > 60, timeout_s=30, message="load")
+        os.kill(_pid_of(fleet.log, "engine-sim-small-a"), signal.SIGKILL)
+        lost_at = len(outcomes[SMALL])
+        await wait_until(
+            lambda: outcomes[SMALL][lost_at:].count(200) > 100,
+            timeout_s=30,
+            message="the small model served by the other replica",
+        )
+        stop.set()
+    assert set(outcomes[LARGE]) == {200}, "no request of the other model fails"
+    assert all(max(inside[pool]) <= budgets[pool] for pool in POOLS), {
+        pool: max(inside[pool]) for pool in POOLS
+    }
+    lost = [o for o in outcomes[SMALL] if o != 200]
+    # The requests running on the killed engine (up to what its share at two gateways let in),
+    # and those that reached for it before the gateways marked it down.
+    assert set(lost) <= {502}, set(lost)
+    assert outcomes[SMALL][-20:] == [200] * 20
