@@ -285,6 +285,7 @@ class LocalStack:
             VllmServerSettings(
                 port=port,
                 served_model_name=settings.vllm_served_model_name,
+                served_model_aliases=tuple(settings.vllm_served_model_aliases),
                 max_num_seqs=settings.vllm_max_num_seqs,
                 block_size_tokens=settings.vllm_block_size_tokens,
                 otlp_traces_endpoint=settings.vllm_otlp_traces_endpoint,

@@ -43,6 +43,11 @@ class LocalStackConfig(ConfigModel):
     vllm_served_model_name: str = "slotshift/tiny-llama"
     """The model name the CPU vLLM serves (clients put it in `model`)."""
 
+    vllm_served_model_aliases: list[str] = Field(default_factory=list)
+    """More names the CPU vLLM answers to (its --served-model-name takes several; it answers
+    with the first, whatever name was asked): aliases of one engine, so one pool and one
+    budget (list them in the pool's `models` after the first)."""
+
     vllm_max_num_seqs: Annotated[int, Field(ge=1)] = 64
     """vLLM's --max-num-seqs: requests in one batch; beyond it requests wait inside vLLM."""
 

@@ -41,6 +41,8 @@ class VllmServerSettings:
     host: str = "127.0.0.1"
     served_model_name: str = "slotshift/tiny-llama"
     """The name clients put in `model` and vLLM labels its metrics with."""
+    served_model_aliases: tuple[str, ...] = ()
+    """More names it answers to (vLLM answers with served_model_name whatever name was asked)."""
     max_model_len_tokens: int = 512
     max_num_seqs: int = 64
     """Sequences in one batch; requests beyond wait inside vLLM (vllm:num_requests_waiting)."""
@@ -99,6 +101,7 @@ class VllmServer:
             str(self.model),
             "--served-model-name",
             s.served_model_name,
+            *s.served_model_aliases,
             "--host",
             s.host,
             "--port",

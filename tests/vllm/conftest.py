@@ -90,6 +90,10 @@ def running_vllm_stack(
             "local_stack.vllm_port": vllm,
             "local_stack.vllm_max_num_seqs": MAX_NUM_SEQS,
             "local_stack.vllm_served_model_name": MODEL,
+            # One engine under two names: one pool, one budget; the gateway routes either name
+            # there, and vLLM answers with the first.
+            "local_stack.vllm_served_model_aliases": f"[{ALIAS}]",
+            "pools.0.models": f"[{MODEL}, {ALIAS}]",
             "local_stack.vllm_ready_timeout_s": READY_TIMEOUT_S,
             "local_stack.vllm_otlp_traces_endpoint": receiver.endpoint,
             "pools.0.budget_slots": BUDGET_SLOTS,
