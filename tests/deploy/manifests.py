@@ -7,6 +7,7 @@ tests that need it skip where neither the venv nor PATH has one.
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,9 @@ KUBERNETES_DIR = Path(__file__).parents[2] / "deploy" / "kubernetes"
 NAMESPACE = "slotshift"
 SLOTSHIFT_IMAGE = "slotshift"
 WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet")
+# The kubelet's variable references in command and args: `$(NAME)`, and `$$` for a literal `$`.
+_VARIABLE_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+_LABEL_FIELD = re.compile(r"metadata\.labels\['([^']+)'\]")
 
 Obj = dict[str, Any]
 
@@ -81,9 +85,13 @@ class Manifests:
                 if image_name(container["image"]) == SLOTSHIFT_IMAGE:
                     yield workload, container
 
+    def workloads_running(self, subcommand: str) -> list[tuple[Obj, Obj]]:
+        """Every (workload, container) whose slotshift command is `subcommand`."""
+        return [(w, c) for w, c in self.slotshift_containers() if c["args"][0] == subcommand]
+
     def workload_running(self, subcommand: str) -> tuple[Obj, Obj]:
         """The one (workload, container) whose slotshift command is `subcommand`."""
-        matches = [(w, c) for w, c in self.slotshift_containers() if c["args"][0] == subcommand]
+        matches = self.workloads_running(subcommand)
         assert len(matches) == 1, f"expected one workload running {subcommand}, got {matches}"
         return matches[0]
 
@@ -162,6 +170,39 @@ def container_port(container: Obj, port: int | str) -> int:
     named = [p["containerPort"] for p in container.get("ports", []) if p.get("name") == port]
     assert named, f"container {container['name']} has no port named {port}"
     return int(named[0])
+
+
+def expanded_args(workload: Obj, container: Obj) -> list[str]:
+    """The container's args as the kubelet passes them: each `$(NAME)` replaced by the value of
+    the container's variable NAME, `$$` by `$`, a reference to no variable of the container left
+    as written (as the kubelet does). A variable's value is its `value`, or the pod label its
+    downward-API `fieldRef` names; AssertionError for a label the pod template lacks or any other
+    field (a pod's name or IP is not known before it runs)."""
+    labels: dict[str, str] = workload["spec"]["template"]["metadata"].get("labels", {})
+    values: dict[str, str] = {}
+    for name, entry in env_of(container).items():
+        if "value" in entry:
+            values[name] = str(entry["value"])
+            continue
+        field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        label = _LABEL_FIELD.fullmatch(field or "")
+        if label is None:
+            continue
+        assert label[1] in labels, f"{container['name']}: ${name} names a label the pod lacks"
+        values[name] = labels[label[1]]
+
+    def substitute(match: re.Match[str]) -> str:
+        name = match[1]
+        if name is None:
+            return "$"
+        if name in values:
+            return values[name]
+        assert name not in env_of(container), (
+            f"{container['name']}: $({name}) comes from a field not known before the pod runs"
+        )
+        return match[0]
+
+    return [_VARIABLE_REFERENCE.sub(substitute, str(arg)) for arg in container.get("args", [])]
 
 
 def env_of(container: Obj) -> dict[str, Obj]:

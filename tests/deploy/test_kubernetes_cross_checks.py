@@ -1,11 +1,15 @@
 """The rendered manifests agree with what the services read and serve.
 
-The config checked is the one in the ConfigMap, as the pods see it; ports, paths, key files and
-commands are checked against that config, the CLI's parser and the services' listeners.
+The config checked is the one in the ConfigMap, as the pods see it, with each container's `--set`
+overrides applied as the CLI applies them (after the kubelet's `$(VAR)` expansion); ports, paths,
+key files and commands are checked against that config, the CLI's parser and the services'
+listeners. A fleet overlay runs one engine Deployment per pool, each with its own agent.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -14,8 +18,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from slotshift.config import SlotshiftConfig, load_config, parse_config
-from slotshift_tools.cli import build_parser
+from slotshift.config import SlotshiftConfig, apply_overrides, parse_config, parse_overrides
+from slotshift_tools.cli import build_parser, load
 from tests.deploy import listeners
 from tests.deploy.manifests import (
     KUBERNETES_DIR,
@@ -23,12 +27,17 @@ from tests.deploy.manifests import (
     Obj,
     container_port,
     env_of,
+    expanded_args,
     image_name,
     pod_spec,
 )
 
 SLOTSHIFT_SERVICES = ("controlplane", "gateway", "agent")
 RUN_AS_USER = 10001
+REPO = Path(__file__).parents[2]
+# The local fleet demo that the fleet overlay mirrors.
+LOCAL_FLEET_CONFIG = REPO / "deploy" / "local" / "fleet.yaml"
+POOL_LABEL = "slotshift.io/pool"
 
 
 @pytest.fixture
@@ -39,6 +48,11 @@ def h200(renders: dict[Path, Manifests]) -> Manifests:
 @pytest.fixture
 def emulator(renders: dict[Path, Manifests]) -> Manifests:
     return renders[KUBERNETES_DIR / "overlays" / "emulator"]
+
+
+@pytest.fixture
+def fleet(renders: dict[Path, Manifests]) -> Manifests:
+    return renders[KUBERNETES_DIR / "overlays" / "fleet-emulator"]
 
 
 def _config_path(container: Obj) -> PurePosixPath:
@@ -54,11 +68,19 @@ def _config_seen_by(manifests: Manifests, workload: Obj, container: Obj) -> Slot
 
 
 def _config(manifests: Manifests) -> SlotshiftConfig:
-    """The config every slotshift container reads: one, the same for all."""
+    """The config file every slotshift container reads: one, the same for all."""
     configs = [_config_seen_by(manifests, w, c) for w, c in manifests.slotshift_containers()]
     assert configs
     assert all(c == configs[0] for c in configs), "slotshift containers read different configs"
     return configs[0]
+
+
+def _effective_config(manifests: Manifests, workload: Obj, container: Obj) -> SlotshiftConfig:
+    """The config the container's service runs with: its config file with its `--set` overrides
+    applied, as the CLI does, to the args the kubelet expands."""
+    args = build_parser().parse_args(expanded_args(workload, container))
+    config = _config_seen_by(manifests, workload, container)
+    return apply_overrides(config, parse_overrides(args.overrides))
 
 
 def _effective_security(workload: Obj, container: Obj) -> dict[str, Any]:
@@ -78,18 +100,36 @@ def test_every_slotshift_command_is_a_valid_cli_invocation(overlay: Manifests) -
             pytest.fail(
                 f"{workload['metadata']['name']}: `slotshift {container['args']}` is invalid"
             )
-        commands.append(args.command)
+        commands.append((args.command, workload["metadata"]["name"]))
 
-    # Each service once; the emulator only where it stands in for vLLM.
-    assert sorted(set(commands)) == sorted(commands)
-    assert set(commands) - {"engine-sim"} == set(SLOTSHIFT_SERVICES)
+    # The control plane and the gateways once each; an agent in each engine pod, once; the
+    # emulator only where it stands in for vLLM, beside an agent.
+    pods_running = {
+        command: [pod for c, pod in commands if c == command] for command, _ in commands
+    }
+    assert set(pods_running) - {"engine-sim"} == set(SLOTSHIFT_SERVICES)
+    assert len(pods_running["controlplane"]) == len(pods_running["gateway"]) == 1
+    agents = pods_running["agent"]
+    assert len(set(agents)) == len(agents), "two agents in one pod"
+    emulators = pods_running.get("engine-sim", [])
+    assert len(set(emulators)) == len(emulators), "two emulators in one pod"
+    assert set(emulators) <= set(agents), "an emulator without its agent"
 
 
 def test_every_slotshift_container_reads_the_same_valid_config(overlay: Manifests) -> None:
     config = _config(overlay)
+    fronted = [pool.name for pool in config.fronted_pools()]
 
-    (engine,) = config.agent.watched_engines
-    assert config.pool(config.gateway.pool) == config.pool(engine.pool)
+    watched = []
+    for workload, container in overlay.slotshift_containers():
+        effective = _effective_config(overlay, workload, container)
+        if container["args"][0] == "agent":
+            (engine,) = effective.agent.watched_engines
+            watched.append(engine.pool)
+        else:
+            assert effective.agent == config.agent, container["name"]
+    # Every fronted pool's engine has one agent, which watches that engine alone.
+    assert sorted(watched) == sorted(fronted)
 
 
 def test_every_server_binds_all_addresses(overlay: Manifests) -> None:
@@ -196,30 +236,56 @@ def test_peers_in_the_config_are_services_on_the_right_ports(overlay: Manifests)
         assert opened == config.controlplane.grpc_port
 
 
-def test_the_agent_scrapes_the_engine_of_its_own_pod(overlay: Manifests) -> None:
-    config = _config(overlay)
-    pool = config.pool(config.gateway.pool)
-    engine = urlsplit(pool.engine_url)
+def _engine_service(manifests: Manifests, engine_url: str) -> tuple[Obj, Obj]:
+    """The Service a pool's engine_url names, and the port entry it names."""
+    engine = urlsplit(engine_url)
     assert engine.hostname is not None
     assert engine.port is not None
-    service, service_port = overlay.service_at(engine.hostname, engine.port)
-    (engine_pod,) = overlay.workloads_selected_by(service)
-    agent_pod, _ = overlay.workload_running("agent")
-    (watched,) = config.agent.watched_engines
-    metrics = urlsplit(watched.metrics_url)
+    return manifests.service_at(engine.hostname, engine.port)
 
-    # A sidecar: each replica's agent watches the engine beside it, never one the Service picks.
-    assert agent_pod == engine_pod
-    assert watched.pool == pool.name
-    assert (metrics.hostname, metrics.path) == ("127.0.0.1", "/metrics")
-    assert metrics.port == engine.port
-    (engine_container,) = [
-        c
-        for c in pod_spec(engine_pod)["containers"]
-        if any(p.get("name") == service_port["targetPort"] for p in c.get("ports", []))
-    ]
-    assert container_port(engine_container, service_port["targetPort"]) == metrics.port
-    assert "/metrics" in _engine_http_paths(engine_container, config)[metrics.port]
+
+def _agents_by_pool(manifests: Manifests) -> dict[str, tuple[Obj, Obj, SlotshiftConfig]]:
+    """For each fronted pool: the pod behind the Service its engine_url names, the agent
+    container in that pod, and that agent's effective config. AssertionError when a Service
+    selects no pod or several, or the pod has no agent or several."""
+    found = {}
+    for pool in _config(manifests).fronted_pools():
+        service, _ = _engine_service(manifests, pool.engine_url)
+        (engine_pod,) = manifests.workloads_selected_by(service)
+        (agent,) = [
+            c
+            for c in pod_spec(engine_pod)["containers"]
+            if image_name(c["image"]) == "slotshift" and c["args"][0] == "agent"
+        ]
+        found[pool.name] = (engine_pod, agent, _effective_config(manifests, engine_pod, agent))
+    return found
+
+
+def _check_each_agent_reports_the_pool_of_its_pods_service(manifests: Manifests) -> None:
+    for pool, (_, _, effective) in _agents_by_pool(manifests).items():
+        (watched,) = effective.agent.watched_engines
+        assert watched.pool == pool, f"the agent beside {pool}'s engine reports {watched.pool}"
+
+
+def test_the_agent_scrapes_the_engine_of_its_own_pod(overlay: Manifests) -> None:
+    config = _config(overlay)
+
+    for name, (engine_pod, _, effective) in _agents_by_pool(overlay).items():
+        _, service_port = _engine_service(overlay, config.pool(name).engine_url)
+        (watched,) = effective.agent.watched_engines
+        metrics = urlsplit(watched.metrics_url)
+        # A sidecar: each replica's agent watches the engine beside it, never one a Service
+        # picks, and reports the pool whose engine_url names its pod's Service.
+        assert watched.pool == name
+        assert (metrics.hostname, metrics.path) == ("127.0.0.1", "/metrics")
+        assert metrics.port == urlsplit(config.pool(name).engine_url).port
+        (engine_container,) = [
+            c
+            for c in pod_spec(engine_pod)["containers"]
+            if any(p.get("name") == service_port["targetPort"] for p in c.get("ports", []))
+        ]
+        assert container_port(engine_container, service_port["targetPort"]) == metrics.port
+        assert "/metrics" in _engine_http_paths(engine_container, effective)[metrics.port]
 
 
 def _engine_http_paths(container: Obj, config: SlotshiftConfig) -> dict[int, frozenset[str]]:
@@ -250,11 +316,15 @@ def test_one_control_plane_at_a_time(overlay: Manifests) -> None:
 
 
 def test_every_tenant_key_file_is_a_mounted_secret_key(overlay: Manifests, tmp_path: Path) -> None:
+    """Each container's config loads, with its key files and its `--set` overrides, as its
+    service loads it (slotshift_tools.cli.load)."""
     secret_names = {s["metadata"]["name"] for s in overlay.of_kind("Secret")}
     for workload, container in overlay.slotshift_containers():
         files = overlay.files_seen_by(workload, container)
         config_path = _config_path(container)
-        document = yaml.safe_load(files[config_path])
+        # Through JSON: YAML aliases (one tenant list for two pools) become copies, each
+        # rewritten below once.
+        document = json.loads(json.dumps(yaml.safe_load(files[config_path])))
         # Lay the pod's files out under tmp_path and load the config as the service would.
         root = tmp_path / workload["metadata"]["name"]
         for path, content in files.items():
@@ -268,16 +338,19 @@ def test_every_tenant_key_file_is_a_mounted_secret_key(overlay: Manifests, tmp_p
                 assert _secret_behind(workload, container, key_file) in secret_names
                 tenant["api_keys_file"] = str(root / key_file.relative_to("/"))
         (root / "config.yaml").write_text(yaml.safe_dump(document))
+        args = build_parser().parse_args(expanded_args(workload, container))
+        args.config = root / "config.yaml"
 
-        loaded = load_config(root / "config.yaml")
+        loaded = load(args)
 
-        keys = [
-            key.get_secret_value()
+        # A tenant in several pools has its one key set in each.
+        keys_of = {
+            tenant.name: {key.get_secret_value() for key in tenant.api_keys}
             for pool in loaded.pools
             for tenant in pool.tenants
-            for key in tenant.api_keys
-        ]
-        assert keys, "the key files hold no key"
+        }
+        keys = [key for tenant_keys in keys_of.values() for key in tenant_keys]
+        assert all(keys_of.values()), f"a key file holds no key: {keys_of}"
         assert len(set(keys)) == len(keys), "two tenants share a key"
 
 
@@ -483,14 +556,18 @@ def _collector_behind(manifests: Manifests, endpoint: str) -> Obj:
 
 
 def test_the_slotshift_services_export_traces_to_the_collector(overlay: Manifests) -> None:
-    names = set()
+    names: dict[str, set[str]] = {}
     for subcommand in SLOTSHIFT_SERVICES:
-        _, container = overlay.workload_running(subcommand)
-        env = env_of(container)
-        _collector_behind(overlay, env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"])
-        names.add(env["OTEL_SERVICE_NAME"]["value"])
+        running = overlay.workloads_running(subcommand)
+        assert running, subcommand
+        for _, container in running:
+            env = env_of(container)
+            _collector_behind(overlay, env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"])
+            names.setdefault(subcommand, set()).add(env["OTEL_SERVICE_NAME"]["value"])
 
-    assert len(names) == len(SLOTSHIFT_SERVICES)
+    # One service name per service (every agent of a fleet is slotshift-agent), none shared.
+    assert all(len(service_names) == 1 for service_names in names.values()), names
+    assert len(set().union(*names.values())) == len(SLOTSHIFT_SERVICES)
 
 
 def test_vllm_exports_traces_to_the_same_collector(h200: Manifests) -> None:
@@ -510,3 +587,105 @@ def test_the_jaeger_ui_has_a_service(overlay: Manifests) -> None:
     (container,) = pod_spec(workload)["containers"]
 
     assert [container_port(container, p["targetPort"]) for p in service["spec"]["ports"]] == [16686]
+
+
+def _fleet_engines(fleet: Manifests) -> dict[str, tuple[Obj, Obj, Obj]]:
+    """For each pool: the Service its engine_url names, the one workload that Service selects,
+    and the emulator container in it."""
+    engines = {}
+    for pool in _config(fleet).pools:
+        service, _ = _engine_service(fleet, pool.engine_url)
+        (workload,) = fleet.workloads_selected_by(service)
+        (emulator,) = [
+            c
+            for c in pod_spec(workload)["containers"]
+            if image_name(c["image"]) == "slotshift" and c["args"][0] == "engine-sim"
+        ]
+        engines[pool.name] = (service, workload, emulator)
+    return engines
+
+
+def test_the_fleet_gateways_front_every_pool_of_the_local_fleet_demo(fleet: Manifests) -> None:
+    config = _config(fleet)
+    local = parse_config(yaml.safe_load(LOCAL_FLEET_CONFIG.read_text()))
+    gateway, container = fleet.workload_running("gateway")
+
+    assert _effective_config(fleet, gateway, container).fronted_pools() == config.pools
+    assert config.gateway.pools == [pool.name for pool in config.pools]
+    # The same fleet as `slotshift up --config deploy/local/fleet.yaml`: only the engines'
+    # addresses and the way keys are given differ.
+    assert config.gateway.pools == local.gateway.pools
+    for ours, theirs in zip(config.pools, local.pools, strict=True):
+        different = {"engine_url", "tenants"}
+        assert ours.model_dump(exclude=different) == theirs.model_dump(exclude=different)
+        shape = {"api_keys", "api_keys_file"}
+        assert [t.model_dump(exclude=shape) for t in ours.tenants] == [
+            t.model_dump(exclude=shape) for t in theirs.tenants
+        ]
+
+
+def test_every_fleet_pool_has_an_engine_service_of_its_own_on_the_engines_port(
+    fleet: Manifests,
+) -> None:
+    config = _config(fleet)
+    engines = _fleet_engines(fleet)
+
+    services = [service["metadata"]["name"] for service, _, _ in engines.values()]
+    workloads = [workload["metadata"]["name"] for _, workload, _ in engines.values()]
+    assert len(set(services)) == len(set(workloads)) == len(config.pools) == 3
+    for name, (_, workload, emulator) in engines.items():
+        _, service_port = _engine_service(fleet, config.pool(name).engine_url)
+        effective = _effective_config(fleet, workload, emulator)
+        assert container_port(emulator, service_port["targetPort"]) == effective.engine_sim.port
+        assert service_port["port"] == effective.engine_sim.port
+    # No engine Service or Deployment that no pool names.
+    engine_objects = [
+        o["metadata"]["name"]
+        for o in fleet.of_kind("Service", "Deployment")
+        if o["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"
+    ]
+    assert sorted(engine_objects) == sorted(services + workloads)
+
+
+def test_every_fleet_engine_service_selects_exactly_its_engines_pods(fleet: Manifests) -> None:
+    for name, (service, workload, _) in _fleet_engines(fleet).items():
+        selector = service["spec"]["selector"]
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+
+        # The Service and the Deployment agree on the pods, by the pool's label.
+        assert selector == workload["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= labels.items()
+        assert selector[POOL_LABEL] == labels[POOL_LABEL] == name
+        assert fleet.workloads_selected_by(service) == [workload]
+        assert workload["spec"]["replicas"] == 1, f"{name}: one engine per pool"
+
+
+def test_each_fleet_engine_pods_agent_reports_the_pool_of_its_service(fleet: Manifests) -> None:
+    _check_each_agent_reports_the_pool_of_its_pods_service(fleet)
+
+    assert sorted(_agents_by_pool(fleet)) == sorted(p.name for p in _config(fleet).pools)
+
+
+def test_an_agent_reporting_another_pool_is_caught(fleet: Manifests) -> None:
+    broken = copy.deepcopy(fleet)
+    _, small_b, _ = _fleet_engines(broken)["small-b"]
+    (agent,) = [c for c in pod_spec(small_b)["containers"] if c["name"] == "agent"]
+    pool_variable = env_of(agent)["SLOTSHIFT_POOL"]
+    del pool_variable["valueFrom"]
+    pool_variable["value"] = "small-a"
+
+    with pytest.raises(AssertionError, match="small-b's engine reports small-a"):
+        _check_each_agent_reports_the_pool_of_its_pods_service(broken)
+
+
+def test_each_fleet_engine_serves_its_pools_model_on_the_demos_profile(fleet: Manifests) -> None:
+    config = _config(fleet)
+    local = parse_config(yaml.safe_load(LOCAL_FLEET_CONFIG.read_text()))
+
+    for name, (_, workload, emulator) in _fleet_engines(fleet).items():
+        effective = _effective_config(fleet, workload, emulator).engine_sim
+        # As `slotshift up` starts the demo's emulators: the pool's first model, its profile.
+        assert effective.model_name == config.pool(name).models[0]
+        default_profile = type(effective).model_fields["profile"].default
+        assert effective.profile == local.local_stack.emulator_profiles.get(name, default_profile)
+    assert _fleet_engines(fleet)["large"][2]["args"][-1] == "engine_sim.profile=h200-qwen2.5-7b"

@@ -31,10 +31,10 @@ def kubernetes_validate() -> ModuleType:
     return module
 
 
-def test_the_deploy_tree_has_the_base_and_both_overlays() -> None:
+def test_the_deploy_tree_has_the_base_and_the_overlays() -> None:
     found = {kustomization_id(p) for p in kustomizations()}
 
-    assert {"base", "overlays/h200-vllm", "overlays/emulator"} <= found
+    assert {"base", "overlays/h200-vllm", "overlays/emulator", "overlays/fleet-emulator"} <= found
 
 
 @pytest.mark.parametrize("kustomization", kustomizations(), ids=kustomization_id)
