@@ -25,6 +25,8 @@ from tests.support import free_port
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_CONFIG = ROOT / "deploy" / "local" / "slotshift.yaml"
 MODEL = "slotshift/tiny-llama"
+ALIAS = "tiny"
+"""A second name of the same engine (--served-model-name takes several)."""
 BUDGET_SLOTS = 16
 """Below vLLM's --max-num-seqs (64): anything waiting inside vLLM would be an overrun."""
 MAX_NUM_SEQS = 64

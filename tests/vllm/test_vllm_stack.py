@@ -35,6 +35,7 @@ from tests.metric_shapes import KNOWN_DIFFERENCES, emulator_scrape, shape_differ
 from tests.otlp_receiver import ReceivedSpan, wait_for_spans
 from tests.support import wait_until_sync
 from tests.vllm.conftest import (
+    ALIAS,
     BUDGET_SLOTS,
     FLOOR_SLOTS,
     MAX_NUM_SEQS,
@@ -114,7 +115,7 @@ class Load:
 def test_openai_client_completions_and_chat_through_both_gateways(vllm_stack: VllmStack) -> None:
     for gateway in (0, 1):
         client = _client(vllm_stack, "demo-key-a", gateway)
-        assert [m.id for m in client.models.list()] == [MODEL]
+        assert [m.id for m in client.models.list()] == [MODEL, ALIAS]
         completion = client.completions.create(
             model=MODEL, prompt="Hello", max_tokens=8, extra_body={"ignore_eos": True}
         )
@@ -132,6 +133,25 @@ def test_openai_client_completions_and_chat_through_both_gateways(vllm_stack: Vl
         assert chat.usage is not None and chat.usage.completion_tokens == 5
         # The chat template wraps the message: more prompt tokens than "Hello" alone.
         assert completion.usage.prompt_tokens < chat.usage.prompt_tokens
+
+
+def test_an_alias_reaches_the_same_engine_and_an_unknown_model_stays_at_the_gateway(
+    vllm_stack: VllmStack,
+) -> None:
+    """Routing by name on one real engine: the pool lists both names vLLM serves (aliases of one
+    engine are one pool and one budget), so either name is routed to it; vLLM answers with its
+    first served name whatever alias was asked. A model no pool serves gets the gateway's own
+    404, never reaching vLLM."""
+    client = _client(vllm_stack, "demo-key-a")
+    by_alias = client.completions.create(
+        model=ALIAS, prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True}
+    )
+    assert by_alias.model == MODEL, "vLLM names its first served name"
+    assert by_alias.usage is not None and by_alias.usage.completion_tokens == 4
+    with pytest.raises(openai.NotFoundError) as refused:
+        client.completions.create(model="gpt-4", prompt="Hello", max_tokens=4)
+    body = refused.value.body
+    assert isinstance(body, dict) and body["code"] == "model_not_found"
 
 
 def test_openai_client_streaming(vllm_stack: VllmStack) -> None:

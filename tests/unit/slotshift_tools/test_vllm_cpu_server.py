@@ -43,3 +43,10 @@ def test_the_block_size_is_a_setting_and_extra_args_come_last() -> None:
     assert command[-2:] == ["--seed", "3"]
     assert _value(command, "--port") == "8123"
     assert _value(command, "--max-num-seqs") == "64"
+
+
+def test_aliases_follow_the_served_model_name() -> None:
+    command = _command(served_model_name="org/model", served_model_aliases=("model", "m"))
+    at = command.index("--served-model-name")
+    assert command[at + 1 : at + 4] == ["org/model", "model", "m"]
+    assert command[at + 4].startswith("--")
