@@ -37,10 +37,12 @@ class ControlPlaneConfig(ConfigModel):
     """Seconds open streams get to finish when the server stops."""
 
     push_min_interval_ms: Annotated[float, Field(ge=0)] = 100.0
-    """Most one allocation update a gateway gets in this long for changes that can wait: parts of
-    an idle tenant's headroom moving between gateways. An update that takes slots away (a shrink,
-    a pause) or raises the limit of a tenant with requests queued there goes out at once; the one
-    that follows a held change carries the newest limits. 0: every change at once."""
+    """About one allocation update a gateway gets in this long. An update somebody waits for
+    goes out at once (a pause, the shrink of a tenant whose pool-wide limit fell, a grant to a
+    lender queued there, any shrink while a lender waits for slots held elsewhere) and takes the
+    next slot; one that can wait (headroom moving between gateways) waits for the gateway's next
+    slot and then carries the newest limits (controlplane/core/push.py). 0: every change at
+    once."""
 
     reconcile_min_interval_ms: Annotated[float, Field(ge=0)] = 10.0
     """Most one re-grant of a pool in this long: reports and acknowledgements arriving together
