@@ -42,10 +42,10 @@ The scheduler follows vLLM V1's, reduced to what shapes latency and throughput:
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from engine_sim.profiles import EngineProfile, effective_profile
 from engine_sim.tokens import (
@@ -56,6 +56,7 @@ from engine_sim.tokens import (
     eos_threshold,
     extend_hash,
     next_token_id,
+    ordinary_chain,
     pseudo_eos_mean_tokens,
 )
 from slotshift.config import EngineSimConfig
@@ -91,9 +92,10 @@ class RequestSpec:
         return len(self.prompt_token_ids)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokenEmitted:
-    """One output token sampled at the end of a step."""
+    """One output token sampled at the end of a step; read-only by convention. Not frozen:
+    one is built per token stepped, and a frozen dataclass costs four times as much to build."""
 
     request_id: str
     index: int
@@ -168,8 +170,8 @@ class _Sequence:
         return len(self.shared_keys) + self.private_blocks
 
 
-@dataclass(frozen=True)
-class _Scheduled:
+class _Scheduled(NamedTuple):
+    # A tuple: one is built per sequence and step.
     sequence: _Sequence
     new_tokens: int
 
@@ -398,22 +400,32 @@ class EngineCore:
         preemptions = 0
         queries = hits = 0
 
+        # The running batch is walked once per step: its per-sequence work is written out
+        # (what _blocks_for, _allocatable and the properties compute) rather than called.
+        running = self._running
+        size = self._block_size
         index = 0
-        while index < len(self._running) and budget > 0:
-            sequence = self._running[index]
-            new_tokens = min(sequence.num_tokens - sequence.num_computed_tokens, budget)
-            needed = self._blocks_for(sequence.num_computed_tokens + new_tokens) - sequence.blocks
-            preempted_self = False
-            while needed > self._allocatable():
-                victim = self._running.pop()
-                self._preempt(victim)
-                preemptions += 1
-                if victim is sequence:
-                    preempted_self = True
+        while index < len(running) and budget > 0:
+            sequence = running[index]
+            computed = sequence.num_computed_tokens
+            new_tokens = min(sequence.prompt_tokens + sequence.output_tokens - computed, budget)
+            needed = (
+                -(-(computed + new_tokens) // size)
+                - len(sequence.shared_keys)
+                - sequence.private_blocks
+            )
+            if needed > 0:
+                preempted_self = False
+                while needed > self._free_blocks + len(self._evictable):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preemptions += 1
+                    if victim is sequence:
+                        preempted_self = True
+                        break
+                if preempted_self:
                     break
-            if preempted_self:
-                break
-            self._allocate(sequence, needed)
+                self._allocate(sequence, needed)
             entries.append(_Scheduled(sequence, new_tokens))
             budget -= new_tokens
             index += 1
@@ -448,9 +460,19 @@ class EngineCore:
                 entries.append(_Scheduled(sequence, new_tokens))
                 budget -= new_tokens
 
-        decode_tokens = sum(1 for entry in entries if self._is_decode(entry))
-        prefill_tokens = sum(entry.new_tokens for entry in entries if not self._is_decode(entry))
-        context_tokens = sum(e.sequence.num_computed_tokens + e.new_tokens for e in entries)
+        decode_tokens = prefill_tokens = context_tokens = 0
+        for sequence, new_tokens in entries:
+            computed = sequence.num_computed_tokens
+            context_tokens += computed + new_tokens
+            # Decoding: one token, the one after the last computed, of a sequence with output.
+            if (
+                new_tokens == 1
+                and sequence.output_tokens > 0
+                and computed == sequence.prompt_tokens + sequence.output_tokens - 1
+            ):
+                decode_tokens += 1
+            else:
+                prefill_tokens += new_tokens
         step = ScheduledStep(
             step_id=self._next_step_id,
             started_s=now_s,
@@ -483,14 +505,16 @@ class EngineCore:
         tokens: list[TokenEmitted] = []
         finished: list[FinishedRequest] = []
         prompt_tokens = 0
-        for entry in step.entries:
-            sequence = entry.sequence
+        size = self._block_size
+        caching = self._caching
+        for sequence, new_tokens in step.entries:
             if sequence.done:  # aborted while the step ran
                 continue
-            sequence.num_computed_tokens += entry.new_tokens
-            if self._caching:
-                self._cache_full_blocks(sequence)
-            if sequence.num_computed_tokens < sequence.num_tokens:
+            computed = sequence.num_computed_tokens + new_tokens
+            sequence.num_computed_tokens = computed
+            if caching and computed // size > len(sequence.shared_keys):
+                self._cache_full_blocks(sequence)  # a block became full
+            if computed < sequence.prompt_tokens + sequence.output_tokens:
                 continue  # a prefill chunk; no token yet
             index = sequence.output_tokens
             previous_s = sequence.last_token_s
@@ -591,10 +615,26 @@ class EngineCore:
         size = self._block_size
         start = [sequence.num_computed_tokens for sequence in running]
         reasons: list[FinishReason | None] = []
+        steps = len(ends)
         for sequence in running:
             reason: FinishReason | None = None
-            for _ in ends:
-                _, reason = self._sample(sequence)
+            spec = sequence.spec
+            if spec.ignore_eos:
+                # _sample's rounds at once: no EOS draw, and the run stops at the step that
+                # reaches max_output_tokens (advance_decodes), so only that one can end it.
+                sequence.context_hash = ordinary_chain(
+                    sequence.context_hash,
+                    steps,
+                    sequence.prompt_tokens + sequence.output_tokens,
+                    size,
+                    sequence.block_keys,
+                )
+                sequence.output_tokens += steps
+                if sequence.output_tokens >= spec.max_output_tokens:
+                    reason = FinishReason.LENGTH
+            else:
+                for _ in ends:
+                    _, reason = self._sample(sequence)
             reasons.append(reason)
         # Sequences of one phase (computed tokens modulo the block size) cross block boundaries
         # in the same steps; each bucket keeps batch order, the order complete() caches in.
@@ -630,7 +670,7 @@ class EngineCore:
     # --- internals -------------------------------------------------------------------------
 
     def _blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self._block_size)
+        return -(-tokens // self._block_size)
 
     def _allocatable(self) -> int:
         return self._free_blocks + len(self._evictable)
@@ -731,15 +771,6 @@ class EngineCore:
         if sequence.output_tokens >= spec.max_output_tokens:
             return token_id, FinishReason.LENGTH
         return token_id, None
-
-    @staticmethod
-    def _is_decode(entry: _Scheduled) -> bool:
-        sequence = entry.sequence
-        return (
-            entry.new_tokens == 1
-            and sequence.output_tokens > 0
-            and sequence.num_computed_tokens == sequence.num_tokens - 1
-        )
 
     def _finish(self, sequence: _Sequence, reason: FinishReason, now_s: float) -> FinishedRequest:
         sequence.done = True

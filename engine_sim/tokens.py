@@ -144,17 +144,61 @@ def context_hash(token_ids: Iterable[int], state: int = CONTEXT_HASH_START) -> i
     return state
 
 
+_MIX_GAMMA = 0x9E3779B97F4A7C15
+_MIX_1 = 0xBF58476D1CE4E5B9
+_MIX_2 = 0x94D049BB133111EB
+_ORDINARY_IDS = VOCAB_SIZE - _FIRST_ORDINARY_ID
+
+
 def _mix(value: int) -> int:
     # splitmix64's finaliser: neighbouring hashes give unrelated draws.
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    value = (value + _MIX_GAMMA) & _MASK64
+    value = ((value ^ (value >> 30)) * _MIX_1) & _MASK64
+    value = ((value ^ (value >> 27)) * _MIX_2) & _MASK64
     return value ^ (value >> 31)
 
 
 def next_token_id(state: int) -> int:
     """The ordinary token sampled after a context whose hash is `state`."""
-    return _FIRST_ORDINARY_ID + _mix(state) % (VOCAB_SIZE - _FIRST_ORDINARY_ID)
+    # _mix(state), inlined: this runs for every token the emulator samples one step at a time.
+    value = (state + _MIX_GAMMA) & _MASK64
+    value = ((value ^ (value >> 30)) * _MIX_1) & _MASK64
+    value = ((value ^ (value >> 27)) * _MIX_2) & _MASK64
+    return _FIRST_ORDINARY_ID + (value ^ (value >> 31)) % _ORDINARY_IDS
+
+
+def ordinary_chain(
+    state: int, count: int, tokens: int, block_size: int, block_keys: list[int]
+) -> int:
+    """Sample `count` ordinary tokens one after another after a context of hash `state` that
+    holds `tokens` tokens: returns the context's hash after them, exactly what `count` rounds
+    of `state = extend_hash(state, next_token_id(state))` give, and appends to `block_keys` the
+    hash after each token that fills a block (the context's length a multiple of
+    `block_size`), as the prefix cache names blocks.
+
+    The decode runs' hot loop (engine_core.EngineCore.advance_decodes): one call per run and
+    sequence, with the arithmetic inlined, since a call per token costs more than the token."""
+    mask, modulus, base, first, span = (
+        _MASK64,
+        _HASH_MODULUS,
+        _HASH_BASE,
+        _FIRST_ORDINARY_ID + 1,
+        _ORDINARY_IDS,
+    )
+    gamma, mix_1, mix_2 = _MIX_GAMMA, _MIX_1, _MIX_2
+    # Tokens until the context next fills a block.
+    to_boundary = block_size - tokens % block_size
+    for _ in range(count):
+        value = (state + gamma) & mask
+        value = ((value ^ (value >> 30)) * mix_1) & mask
+        value = ((value ^ (value >> 27)) * mix_2) & mask
+        # extend_hash(state, token_id) with token_id = _FIRST_ORDINARY_ID + draw % span.
+        state = (state * base + first + (value ^ (value >> 31)) % span) % modulus
+        to_boundary -= 1
+        if not to_boundary:
+            block_keys.append(state)
+            to_boundary = block_size
+    return state
 
 
 def pseudo_eos_mean_tokens(pseudo_eos_max_tokens: int) -> float:

@@ -77,6 +77,16 @@ class _Stream:
         self.last_token_s = times_s[-1]
         self.received += len(times_s)
 
+    def token(self, time_s: float) -> None:
+        last_s = self.last_token_s
+        if last_s is None:
+            self.trace.first_token_s = time_s - self.origin_s
+            self.tenant.ttft.observe(time_s - self.arrived_s)
+        else:
+            self.trace.itl_s.append(time_s - last_s)
+        self.last_token_s = time_s
+        self.received += 1
+
     def finished(self, request: FinishedRequest) -> None:
         self.ended = request
         if self.done is not None and not self.done.done():

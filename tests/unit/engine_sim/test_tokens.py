@@ -17,6 +17,7 @@ from engine_sim.tokens import (
     eos_threshold,
     extend_hash,
     next_token_id,
+    ordinary_chain,
     pseudo_eos_mean_tokens,
     synthetic_prompt_ids,
     text_token_ids,
@@ -93,3 +94,26 @@ def test_synthetic_prompts_are_reproducible_and_distinct() -> None:
     assert synthetic_prompt_ids("a", 30) == synthetic_prompt_ids("a", 30)
     assert synthetic_prompt_ids("a", 30)[0] != synthetic_prompt_ids("b", 30)[0]
     assert len(synthetic_prompt_ids("a", 7)) == 7
+
+
+@pytest.mark.parametrize(
+    ("tokens", "count", "block_size"),
+    [
+        pytest.param(100, 0, 16, id="no-token"),
+        pytest.param(100, 1, 16, id="one-token"),
+        pytest.param(15, 1, 16, id="one-token-fills-a-block"),
+        pytest.param(32, 70, 16, id="from-a-boundary-over-four-blocks"),
+        pytest.param(7, 50, 1, id="every-token-fills-a-block"),
+        pytest.param(1000, 333, 3, id="odd-block-size"),
+    ],
+)
+def test_the_ordinary_chain_is_token_after_token(tokens: int, count: int, block_size: int) -> None:
+    start = context_hash(range(tokens))
+    state, expected_keys = start, []
+    for position in range(tokens + 1, tokens + count + 1):
+        state = extend_hash(state, next_token_id(state))
+        if position % block_size == 0:
+            expected_keys.append(state)
+    keys = [1, 2]  # appended to, not replaced
+    assert ordinary_chain(start, count, tokens, block_size, keys) == state
+    assert keys == [1, 2, *expected_keys]
