@@ -10,6 +10,7 @@ stdlib; time comes from an injected Clock.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 
@@ -28,19 +29,25 @@ class LatencyWindow:
         if max_age_s <= 0:
             raise ValueError(f"max_age_s must be positive, got {max_age_s}")
         self._clock = clock
+        self._max_samples = max_samples
         self._max_age_s = max_age_s
-        # When each observation was made, and its value, in two deques kept in step (both drop
-        # their oldest at max_samples): appended in clock order, so the oldest is on the left.
-        # The values apart, sorting them is one C call (a report sorts every window).
-        self._times: deque[float] = deque(maxlen=max_samples)
-        self._values: deque[float] = deque(maxlen=max_samples)
+        # Each observation's time and value, oldest on the left (appended in clock order), and
+        # the same values kept sorted: a report reads every window, so the percentiles are
+        # ranks looked up, not a sort (an observation costs a binary search and a move).
+        self._times: deque[float] = deque()
+        self._values: deque[float] = deque()
+        self._sorted: list[float] = []
         self._summary: LatencySummary | None = None
         """The percentiles of the window as it is, until it changes."""
 
     def observe(self, seconds: float) -> None:
         """Record one latency, in seconds (negative values, from clock skew, count as 0)."""
+        if len(self._values) >= self._max_samples:
+            self._drop_oldest()
+        value = max(0.0, seconds)
         self._times.append(self._clock.monotonic())
-        self._values.append(max(0.0, seconds))
+        self._values.append(value)
+        bisect.insort(self._sorted, value)
         self._summary = None
 
     def __len__(self) -> int:
@@ -53,10 +60,10 @@ class LatencyWindow:
         self._forget_old()
         if self._summary is not None:
             return self._summary
-        if not self._values:
+        values = self._sorted
+        if not values:
             summary = LatencySummary()
         else:
-            values = sorted(self._values)
             summary = LatencySummary(
                 count=len(values),
                 p50_ms=_nearest_rank(values, 0.50) * _MS_PER_S,
@@ -70,9 +77,13 @@ class LatencyWindow:
         horizon = self._clock.monotonic() - self._max_age_s
         times = self._times
         while times and times[0] < horizon:
-            times.popleft()
-            self._values.popleft()
-            self._summary = None
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        self._times.popleft()
+        value = self._values.popleft()
+        del self._sorted[bisect.bisect_left(self._sorted, value)]
+        self._summary = None
 
 
 def _nearest_rank(sorted_values: list[float], quantile: float) -> float:

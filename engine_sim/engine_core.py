@@ -56,8 +56,9 @@ from engine_sim.tokens import (
     eos_threshold,
     extend_hash,
     next_token_id,
-    ordinary_chain,
+    ordinary_chains,
     pseudo_eos_mean_tokens,
+    sample_ordinary,
 )
 from slotshift.config import EngineSimConfig
 
@@ -507,6 +508,19 @@ class EngineCore:
         prompt_tokens = 0
         size = self._block_size
         caching = self._caching
+        # A token is a function of its sequence's context alone: those of the sequences that
+        # sample without an EOS draw are drawn for the whole batch at once, then taken in
+        # batch order below (where each sequence's blocks change in stepping's order).
+        drawing = [
+            sequence
+            for sequence, new_tokens in step.entries
+            if not sequence.done
+            and sequence.spec.ignore_eos
+            and sequence.num_computed_tokens + new_tokens
+            >= sequence.prompt_tokens + sequence.output_tokens
+        ]
+        drawn_ids, drawn_states = sample_ordinary([s.context_hash for s in drawing])
+        drawn = 0
         for sequence, new_tokens in step.entries:
             if sequence.done:  # aborted while the step ran
                 continue
@@ -520,7 +534,12 @@ class EngineCore:
             previous_s = sequence.last_token_s
             if previous_s is None:
                 previous_s = sequence.arrival_s
-            token_id, reason = self._sample(sequence)
+            if sequence.spec.ignore_eos:
+                token_id = drawn_ids[drawn]
+                reason = self._append_token(sequence, token_id, drawn_states[drawn], stops=False)
+                drawn += 1
+            else:
+                token_id, reason = self._sample(sequence)
             sequence.last_token_s = now_s
             if index == 0:
                 prompt_tokens += sequence.spec.prompt_tokens
@@ -614,23 +633,26 @@ class EngineCore:
         running = list(self._running)
         size = self._block_size
         start = [sequence.num_computed_tokens for sequence in running]
-        reasons: list[FinishReason | None] = []
         steps = len(ends)
+        # _sample's rounds at once for the sequences without an EOS draw (ordinary tokens; the
+        # run stops at the step that reaches a max_output_tokens, so only that one can end a
+        # request); one by one for the others.
+        chained = [sequence for sequence in running if sequence.spec.ignore_eos]
+        states = ordinary_chains(
+            [sequence.context_hash for sequence in chained],
+            steps,
+            [sequence.prompt_tokens + sequence.output_tokens for sequence in chained],
+            size,
+            [sequence.block_keys for sequence in chained],
+        )
+        for sequence, state in zip(chained, states, strict=True):
+            sequence.context_hash = state
+            sequence.output_tokens += steps
+        reasons: list[FinishReason | None] = []
         for sequence in running:
             reason: FinishReason | None = None
-            spec = sequence.spec
-            if spec.ignore_eos:
-                # _sample's rounds at once: no EOS draw, and the run stops at the step that
-                # reaches max_output_tokens (advance_decodes), so only that one can end it.
-                sequence.context_hash = ordinary_chain(
-                    sequence.context_hash,
-                    steps,
-                    sequence.prompt_tokens + sequence.output_tokens,
-                    size,
-                    sequence.block_keys,
-                )
-                sequence.output_tokens += steps
-                if sequence.output_tokens >= spec.max_output_tokens:
+            if sequence.spec.ignore_eos:
+                if sequence.output_tokens >= sequence.spec.max_output_tokens:
                     reason = FinishReason.LENGTH
             else:
                 for _ in ends:
@@ -759,18 +781,27 @@ class EngineCore:
             token_id, stops = next_token_id(state), False
         else:
             token_id, stops = self._draw(spec, state, sequence.output_tokens)
-        state = extend_hash(state, token_id)
+        return token_id, self._append_token(
+            sequence, token_id, extend_hash(state, token_id), stops=stops
+        )
+
+    def _append_token(
+        self, sequence: _Sequence, token_id: int, state: int, *, stops: bool
+    ) -> FinishReason | None:
+        """Append `token_id` (the EOS when `stops`) to `sequence`, whose context's hash becomes
+        `state`; why the request ends with it, if it does."""
         sequence.context_hash = state
         output = sequence.output_tokens + 1
         sequence.output_tokens = output
         if (sequence.prompt_tokens + output) % self._block_size == 0:
             sequence.block_keys.append(state)
+        spec = sequence.spec
         if stops:
             # vLLM reports "stop" when EOS is sampled, even on the max_tokens-th token.
-            return token_id, FinishReason.STOP
-        if sequence.output_tokens >= spec.max_output_tokens:
-            return token_id, FinishReason.LENGTH
-        return token_id, None
+            return FinishReason.STOP
+        if output >= spec.max_output_tokens:
+            return FinishReason.LENGTH
+        return None
 
     def _finish(self, sequence: _Sequence, reason: FinishReason, now_s: float) -> FinishedRequest:
         sequence.done = True

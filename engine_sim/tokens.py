@@ -33,6 +33,9 @@ import random
 import zlib
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+from numpy.typing import NDArray
+
 CHARS_PER_TOKEN = 4
 """Characters one token stands for in the approximation."""
 
@@ -199,6 +202,90 @@ def ordinary_chain(
             block_keys.append(state)
             to_boundary = block_size
     return state
+
+
+BATCH_MIN = 8
+"""From this many contexts on, ordinary_chains and sample_ordinary work on arrays: per token
+they cost a few array operations shared by the batch, which beats a Python loop only when the
+batch is not tiny."""
+
+_U64 = np.uint64
+_LOW_32 = _U64((1 << 32) - 1)
+_LOW_29 = _U64((1 << 29) - 1)
+_SHIFT_32, _SHIFT_29, _SHIFT_61 = _U64(32), _U64(29), _U64(61)
+_SHIFT_30, _SHIFT_27, _SHIFT_31 = _U64(30), _U64(27), _U64(31)
+
+
+def _next_states(states: NDArray[np.uint64]) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """For contexts of hash `states`: the ordinary token each samples, and each hash with it
+    (next_token_id and extend_hash), in unsigned 64-bit arithmetic, exactly.
+
+    The draw is splitmix64's finaliser, whose `& _MASK64` is the arrays' own wrap-around. The
+    hash, (state x base + token + 1) mod (2^61 - 1), would overflow 64 bits (state < 2^61,
+    base < 2^20): with state = hi x 2^32 + lo, hi x base x 2^32 = (x >> 29) x 2^61 +
+    (x & (2^29 - 1)) x 2^32 for x = hi x base, and 2^61 = 1 modulo 2^61 - 1; every term fits,
+    their sum is below 2^62, and one fold and one subtraction leave the residue."""
+    value = states + _U64(_MIX_GAMMA)
+    value ^= value >> _SHIFT_30
+    value *= _U64(_MIX_1)
+    value ^= value >> _SHIFT_27
+    value *= _U64(_MIX_2)
+    value ^= value >> _SHIFT_31
+    tokens = value % _U64(_ORDINARY_IDS) + _U64(_FIRST_ORDINARY_ID)
+    base = _U64(_HASH_BASE)
+    x = (states >> _SHIFT_32) * base
+    total = ((x & _LOW_29) << _SHIFT_32) + (x >> _SHIFT_29) + (states & _LOW_32) * base
+    total += tokens + _U64(1)
+    modulus = _U64(_HASH_MODULUS)
+    folded = (total & modulus) + (total >> _SHIFT_61)
+    folded -= modulus * (folded >= modulus)
+    return tokens, folded
+
+
+def sample_ordinary(states: Sequence[int]) -> tuple[list[int], list[int]]:
+    """For contexts of hash `states`: the ordinary token each samples next, and each context's
+    hash with it; `[next_token_id(s) for s in states]` and the matching extend_hash, on arrays
+    from BATCH_MIN contexts on (one engine step's tokens)."""
+    if len(states) < BATCH_MIN:
+        tokens = [next_token_id(state) for state in states]
+        return tokens, [extend_hash(s, t) for s, t in zip(states, tokens, strict=True)]
+    tokens_array, extended = _next_states(np.array(states, dtype=np.uint64))
+    return tokens_array.tolist(), extended.tolist()
+
+
+def ordinary_chains(
+    states: Sequence[int],
+    count: int,
+    tokens: Sequence[int],
+    block_size: int,
+    block_keys: Sequence[list[int]],
+) -> list[int]:
+    """ordinary_chain for each context i of hash `states[i]` holding `tokens[i]` tokens, each
+    extended by the same `count` tokens, its block keys appended to `block_keys[i]`: the final
+    hashes. On arrays from BATCH_MIN contexts on (a decode run's batch), token by token for all
+    of them at once."""
+    if len(states) < BATCH_MIN or count == 0:
+        return [
+            ordinary_chain(state, count, held, block_size, keys)
+            for state, held, keys in zip(states, tokens, block_keys, strict=True)
+        ]
+    state = np.array(states, dtype=np.uint64)
+    history = np.empty((count, len(states)), dtype=np.uint64)
+    for step in range(count):
+        _, state = _next_states(state)
+        history[step] = state
+    # The step after which each context first fills a block, then one every block_size steps:
+    # the keys are gathered a block's worth of steps at a time, in order.
+    columns = np.arange(len(states))
+    first = block_size - np.array(tokens, dtype=np.int64) % block_size - 1
+    for offset in range(0, count, block_size):
+        rows = first + offset
+        filled = rows < count
+        keys = history[rows[filled], columns[filled]].tolist()
+        for column, key in zip(columns[filled].tolist(), keys, strict=True):
+            block_keys[column].append(key)
+    result: list[int] = state.tolist()
+    return result
 
 
 def pseudo_eos_mean_tokens(pseudo_eos_max_tokens: int) -> float:
