@@ -32,13 +32,10 @@ class Pipe(Generic[M]):
         self._transit_s = transit_s
         self._in_transit: deque[bytes] = deque()
         self._arrived: asyncio.Queue[M] = asyncio.Queue()
-        self.messages = 0
-        """Messages written so far."""
 
     async def write(self, message: M) -> None:
         """Send `message`; it arrives `transit_s` later. Never blocks."""
         self._in_transit.append(message.SerializeToString())
-        self.messages += 1
         # Timers of one delay fire in the order they were set, but with equal deadlines the
         # loop's heap does not promise that order: each timer lands the oldest message instead.
         asyncio.get_running_loop().call_later(self._transit_s, self._land)
