@@ -20,6 +20,8 @@ from matplotlib.figure import Figure
 from slotshift.config import ConfigError
 from slotshift_tools.bench.command import default_out_dir, scaled_warmup_s
 from slotshift_tools.bench.scenario import POOL_BASELINE, Scenario, ScenarioError, load_scenario
+from slotshift_tools.bench.stats import Window
+from slotshift_tools.bench.trace import RequestTrace
 from slotshift_tools.twin.command import simulate_scenario
 from slotshift_tools.twin.frontier import (
     DEFAULT_LEVELS,
@@ -77,16 +79,15 @@ class FrontierResult:
     cpu_s: float
 
 
-def policy_points(
+def simulate_policies(
     scenario: Scenario,
     problem: FrontierProblem,
-    runs: Sequence[OracleRun],
     *,
     overrides: dict[str, Any] | None = None,
     settings: TwinSettings | None = None,
-) -> list[PolicyPoint]:
-    """Each of the scenario's runs in the twin (with the command line's `overrides`), placed
-    against the candidates."""
+) -> dict[str, tuple[list[RequestTrace], Window]]:
+    """Each of the scenario's runs in the twin (with the command line's `overrides`) over the
+    problem's window: its request records and window."""
     simulated = simulate_scenario(
         scenario,
         steady_s=problem.steady_s,
@@ -94,21 +95,26 @@ def policy_points(
         overrides=overrides,
         settings=settings,
     )
-    points = []
-    for name, run in simulated.items():
-        traces = run.result.traces
-        window = run.result.window
-        per_tenant = attainment(traces, window, problem.slos)
-        best = feasible_at(runs, min_attainment(per_tenant))
-        points.append(
-            PolicyPoint(
-                name=name,
-                output_tok_s=output_throughput(traces, window),
-                attainment=per_tenant,
-                frontier_tok_s=None if best is None else best.output_throughput,
-            )
-        )
-    return points
+    return {name: (run.result.traces, run.result.window) for name, run in simulated.items()}
+
+
+def place(
+    name: str,
+    traces: list[RequestTrace],
+    window: Window,
+    problem: FrontierProblem,
+    runs: Sequence[OracleRun],
+) -> PolicyPoint:
+    """Where a run lands: its output throughput and attainment by the oracle's own functions,
+    and F at its own minimum attainment."""
+    per_tenant = attainment(traces, window, problem.slos)
+    best = feasible_at(runs, min_attainment(per_tenant))
+    return PolicyPoint(
+        name=name,
+        output_tok_s=output_throughput(traces, window),
+        attainment=per_tenant,
+        frontier_tok_s=None if best is None else best.output_throughput,
+    )
 
 
 def compute_frontier(
@@ -135,6 +141,13 @@ def compute_frontier(
                 file=progress,
             )
 
+    # The policies' twin runs first: they take seconds, and a twin that fails should fail
+    # before minutes of search.
+    simulated = (
+        simulate_policies(scenario, problem, overrides=overrides, settings=settings)
+        if with_policies
+        else {}
+    )
     runs, skipped = search(
         problem,
         candidate_schedules(problem, quick=quick),
@@ -145,11 +158,9 @@ def compute_frontier(
     without = throughput_bound(problem, pausing=False)
     bound = max(with_pausing.total_tok_s, without.total_tok_s)
     points = frontier_points(runs, bound, levels)
-    policies = (
-        policy_points(scenario, problem, runs, overrides=overrides, settings=settings)
-        if with_policies
-        else []
-    )
+    policies = [
+        place(name, traces, window, problem, runs) for name, (traces, window) in simulated.items()
+    ]
     return FrontierResult(
         scenario=scenario.name,
         points=points,
