@@ -25,7 +25,7 @@ from slotshift.trace_context import (
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
 from slotshift.wire import demand_from_proto, from_timestamp
 
-_MOST_SLOTS_AHEAD = 3
+_MOST_SLOTS_AHEAD = 2
 """How many push slots urgent updates may take ahead of time (see GatewayStreamService._write)."""
 
 AckObserver = Callable[[str, float], None]
