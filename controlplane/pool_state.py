@@ -183,9 +183,10 @@ class PoolState:
         record = self.gateways.live(session)
         if record is None:
             return False
-        record.take_figures(
+        started = record.take_figures(
             demand, observed_at_wall_s, self._index, delta=delta, replaced=self._loads.replaced
         )
+        self._queue_started(record, started)
         record.enforcing(applied_version)
         # Kept for the version itself: should its acknowledgement still come, the push latency
         # is measured.
@@ -231,11 +232,18 @@ class PoolState:
         latency = None if sent_at is None else self._clock.monotonic() - sent_at
         record.enforcing(version)
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
-        record.take_figures(
+        started = record.take_figures(
             demand, observed_at_wall_s, self._index, delta=delta, replaced=self._loads.replaced
         )
+        self._queue_started(record, started)
         self._changed()
         return latency
+
+    def _queue_started(self, record: GatewayRecord, started: bool) -> None:
+        """Requests started to queue at `record`'s gateway: an update held for its push slot may
+        now be waited for (core/push.py), so its writer looks at it again."""
+        if started and record.delivery is not None:
+            record.session.mailbox.put(record.delivery)
 
     def _changed(self) -> None:
         """A gateway's figures or enforced limits moved: re-grant, at once or, when the pool
@@ -479,6 +487,7 @@ class PoolState:
                 if force_publish or changed[row]:
                     record = by_id[gateway_id]
                     record.send(published.version, candidate_cells.limits[row], now)
+                    record.delivery = delivery
                     record.session.mailbox.put(delivery)
         # A removed tenant stops being counted once no gateway may hold any of it (its column
         # goes after this allocation, which still names it).

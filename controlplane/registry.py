@@ -79,6 +79,7 @@ class GatewayRecord:
         "acked",
         "applied_version",
         "connected",
+        "delivery",
         "demand",
         "gateway_id",
         "in_flight",
@@ -96,6 +97,8 @@ class GatewayRecord:
     def __init__(self, gateway_id: str, session: GatewaySession, tenants: int) -> None:
         self.gateway_id = gateway_id
         self.session = session
+        self.delivery: Delivery | None = None
+        """The newest allocation put in the session's mailbox."""
         self.connected = True
         self.applied_version = 0
         self.demand: dict[str, TenantDemand] = {}
@@ -129,14 +132,15 @@ class GatewayRecord:
         *,
         delta: bool = False,
         replaced: Callable[[TenantDemand | None, TenantDemand | None], None] | None = None,
-    ) -> None:
+    ) -> bool:
         """Hold `demand` (of the tenants in `index`) as this gateway's figures, observed at
         `observed_at_wall_s`: all of them (a tenant not named has none), or with `delta` only the
         named tenants' (the others stand). Always the newest: one session is one gRPC stream,
         which delivers in order, so an earlier stamp means the gateway's clock stepped back, not
         an old message (dropping it would freeze the gateway's demand until its clock caught
         up). Costs about the number of tenants named; `replaced` hears of every figure that
-        leaves (old, None), comes (None, new) or changes (old, new)."""
+        leaves (old, None), comes (None, new) or changes (old, new). Returns whether some
+        tenant's requests started to queue here (none queued before, some now)."""
         if not delta:
             if replaced is not None:
                 for gone in self.demand.values():
@@ -146,6 +150,7 @@ class GatewayRecord:
             self.queued = zeros_row(len(index))
             self.output_tokens_total = self.waste_tokens_total = 0
         held = self.demand
+        started = False
         for figures in demand:
             column = index.get(figures.tenant)
             if column is None:
@@ -158,10 +163,13 @@ class GatewayRecord:
             if replaced is not None:
                 replaced(before, figures)
             self.in_flight[column] = figures.in_flight
+            if figures.queued > 0 and (before is None or before.queued == 0):
+                started = True
             self.queued[column] = figures.queued
             self.output_tokens_total += figures.output_tokens_total
             self.waste_tokens_total += figures.waste_tokens_total
         self.observed_at_wall_s = observed_at_wall_s
+        return started
 
     def enforcing(self, version: int) -> None:
         """The gateway says it enforces `version` now (an acknowledgement, or a report's

@@ -197,7 +197,11 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 continue  # not this gateway's any more (it reconnected elsewhere)
             push = next_push(pushed, target, _waiting(state, session.gateway_id, target))
             # A change that may wait is held until the gateway's next push slot; whatever comes
-            # meanwhile replaces it (and may be urgent: then it goes at once).
+            # meanwhile replaces it (and may be urgent: then it goes at once). The same
+            # allocation comes again when requests start to queue at the gateway
+            # (PoolState._queue_started): what was held may be waited for now.
+            if push.columns is not None and push.columns.size == 0:
+                continue
             while not push.urgent and self._clock.monotonic() < next_slot_s:
                 await mailbox.wait_ready(next_slot_s - self._clock.monotonic())
                 if mailbox.closed:
@@ -207,6 +211,8 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 if newer is not None and newer_target is not None:
                     delivery, target = newer, newer_target
                     push = next_push(pushed, target, _waiting(state, session.gateway_id, target))
+            if push.columns is not None and push.columns.size == 0:
+                continue  # nothing new for this gateway (an update looked at again)
             directory, session.directory = session.directory, None
             if directory is not None:
                 # Before the allocation, so that the gateway knows every tenant it names.
