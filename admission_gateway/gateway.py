@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import SecretStr
 
 from admission_gateway.admission import TenantAdmission
 from admission_gateway.auth import Authenticator
@@ -42,6 +43,7 @@ from slotshift.config import (
     RequestLogConfig,
     SlotshiftConfig,
     read_secret_text,
+    read_secret_tokens,
     reveal,
 )
 from slotshift.keys import key_digest
@@ -156,6 +158,7 @@ class AdmissionGateway:
     async def start(self) -> None:
         """Bind the HTTP server, open the upstream session and start the control stream."""
         ssl_context, security, engine_ssl = await asyncio.to_thread(self._load_tls)
+        engine_keys = await asyncio.to_thread(self._load_engine_keys)
         log_settings = self._settings.request_log
         sessions = None
         if log_settings is not None and log_settings.session_key_file is not None:
@@ -165,6 +168,7 @@ class AdmissionGateway:
             engine = EngineClient(
                 engine_ssl=engine_ssl[pool.name],
                 keepalive_timeout_s=self._settings.upstream_keepalive_timeout_s,
+                api_key=engine_keys[pool.name],
             )
             self._engines.append(engine)
             endpoints.append(
@@ -295,6 +299,19 @@ class AdmissionGateway:
             for pool in self._pools
         }
         return ssl_context, load_channel_security(self._settings.controlplane_tls), engine_ssl
+
+    def _load_engine_keys(self) -> dict[str, SecretStr | None]:
+        """Per pool, the engine's API key (the first token of engine_api_key_file), or None
+        where the pool sets none. Blocks: reads the files; ConfigError names the pool."""
+        keys: dict[str, SecretStr | None] = {}
+        for pool in self._pools:
+            path = pool.engine_api_key_file
+            if path is None:
+                keys[pool.name] = None
+                continue
+            field = f"pool {pool.name}: engine_api_key_file"
+            keys[pool.name] = SecretStr(read_secret_tokens(path, field=field)[0])
+        return keys
 
     async def _close_engines(self) -> None:
         for engine in self._engines:

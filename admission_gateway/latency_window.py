@@ -10,6 +10,7 @@ stdlib; time comes from an injected Clock.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 
@@ -28,36 +29,61 @@ class LatencyWindow:
         if max_age_s <= 0:
             raise ValueError(f"max_age_s must be positive, got {max_age_s}")
         self._clock = clock
+        self._max_samples = max_samples
         self._max_age_s = max_age_s
-        # (observed at, value); appended in clock order, so the oldest is always on the left.
-        self._samples: deque[tuple[float, float]] = deque(maxlen=max_samples)
+        # Each observation's time and value, oldest on the left (appended in clock order), and
+        # the same values kept sorted: a report reads every window, so the percentiles are
+        # ranks looked up, not a sort (an observation costs a binary search and a move).
+        self._times: deque[float] = deque()
+        self._values: deque[float] = deque()
+        self._sorted: list[float] = []
+        self._summary: LatencySummary | None = None
+        """The percentiles of the window as it is, until it changes."""
 
     def observe(self, seconds: float) -> None:
         """Record one latency, in seconds (negative values, from clock skew, count as 0)."""
-        self._samples.append((self._clock.monotonic(), max(0.0, seconds)))
+        if len(self._values) >= self._max_samples:
+            self._drop_oldest()
+        value = max(0.0, seconds)
+        self._times.append(self._clock.monotonic())
+        self._values.append(value)
+        bisect.insort(self._sorted, value)
+        self._summary = None
 
     def __len__(self) -> int:
         self._forget_old()
-        return len(self._samples)
+        return len(self._values)
 
     def percentiles(self) -> LatencySummary:
         """p50/p90/p99 by nearest rank over the observations still in the window, in
         milliseconds; an empty window gives count 0 and all percentiles 0."""
         self._forget_old()
-        if not self._samples:
-            return LatencySummary()
-        values = sorted(value for _, value in self._samples)
-        return LatencySummary(
-            count=len(values),
-            p50_ms=_nearest_rank(values, 0.50) * _MS_PER_S,
-            p90_ms=_nearest_rank(values, 0.90) * _MS_PER_S,
-            p99_ms=_nearest_rank(values, 0.99) * _MS_PER_S,
-        )
+        if self._summary is not None:
+            return self._summary
+        values = self._sorted
+        if not values:
+            summary = LatencySummary()
+        else:
+            summary = LatencySummary(
+                count=len(values),
+                p50_ms=_nearest_rank(values, 0.50) * _MS_PER_S,
+                p90_ms=_nearest_rank(values, 0.90) * _MS_PER_S,
+                p99_ms=_nearest_rank(values, 0.99) * _MS_PER_S,
+            )
+        self._summary = summary
+        return summary
 
     def _forget_old(self) -> None:
         horizon = self._clock.monotonic() - self._max_age_s
-        while self._samples and self._samples[0][0] < horizon:
-            self._samples.popleft()
+        times = self._times
+        while times and times[0] < horizon:
+            self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        self._times.popleft()
+        value = self._values.popleft()
+        del self._sorted[bisect.bisect_left(self._sorted, value)]
+        self._summary = None
 
 
 def _nearest_rank(sorted_values: list[float], quantile: float) -> float:

@@ -121,12 +121,14 @@ class PreemptibleRelay:
         if "model" in document:
             query["model"] = document["model"]
         try:
-            async with self._engine.pooled.post(
+            response = await self._engine.send(
+                "POST",
                 self._engine_url + "/tokenize",
                 data=json.dumps(query).encode(),
                 headers={"Content-Type": "application/json", **_tracing_only(headers)},
-                timeout=self._timeout,
-            ) as response:
+                client_timeout=self._timeout,
+            )
+            async with response:
                 if response.status != 200:
                     return document
                 tokens = (await response.json())["tokens"]

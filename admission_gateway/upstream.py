@@ -1,5 +1,12 @@
-"""The gateway's connections to the engine: one pooled session, and a send that survives the
-keep-alive race.
+"""The gateway's connections to the engine: one pooled session, a send that survives the
+keep-alive race, and the engine's own credentials on every call.
+
+`EngineClient.send` is the one way a gateway calls its engine (relayed requests, /v1/models,
+the preemptible relay's /tokenize): it sets `Authorization` itself, to the engine's API key
+(pools[].engine_api_key_file; vLLM's --api-key) or to nothing, so that whatever the caller
+passes (and a client's own key above all) can never reach the engine. An engine's 401 is
+therefore the gateway's misconfiguration, raised as EngineCredentialsRefused (the client gets a
+502 and the log says which setting to fix), never relayed as if the client's key were wrong.
 
 An HTTP server may close a keep-alive connection that has been idle for a while (vLLM's uvicorn
 after `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s). If the gateway picks that connection from its pool
@@ -29,11 +36,21 @@ import logging
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from types import SimpleNamespace
 
 import aiohttp
+from multidict import CIMultiDict
+from pydantic import SecretStr
+
+from slotshift.config import reveal
 
 logger = logging.getLogger(__name__)
+
+
+class EngineCredentialsRefused(aiohttp.ClientError):
+    """The engine answered 401: it requires an API key and the gateway sent none, or not one
+    it takes. Callers fail the request as they fail an unreachable engine (502)."""
 
 
 @dataclass
@@ -50,28 +67,36 @@ class EngineClient:
     ones are dropped after `keepalive_timeout_s` (keep it below the engine's own keep-alive
     timeout), with the tracing that `send` reads, and a session that opens a connection per
     request for `send`'s one retry. `engine_ssl`: how to check an https engine (True: the
-    system's roots). Close it with `close` (or use it as an async context manager)."""
+    system's roots). `api_key`: the engine's API key, sent as `Authorization: Bearer KEY` on
+    every call (None: no Authorization at all). Close it with `close` (or use it as an async
+    context manager)."""
 
-    def __init__(self, *, engine_ssl: ssl.SSLContext | bool, keepalive_timeout_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        engine_ssl: ssl.SSLContext | bool,
+        keepalive_timeout_s: float,
+        api_key: SecretStr | None = None,
+    ) -> None:
         if keepalive_timeout_s <= 0:
             raise ValueError(f"keepalive_timeout_s must be positive, not {keepalive_timeout_s}")
         tracing = aiohttp.TraceConfig()
         tracing.on_connection_reuseconn.append(_on_connection_reused)
         tracing.on_connection_create_end.append(_on_connection_created)
-        self.pooled = _session(
+        self._pooled = _session(
             # The admission limits are the concurrency limit; aiohttp's default cap of 100
             # connections would silently queue requests the gateway has already admitted.
             aiohttp.TCPConnector(limit=0, ssl=engine_ssl, keepalive_timeout=keepalive_timeout_s),
             [tracing],
         )
-        """The pooled session, for requests that need no retry (their failure is harmless)."""
         self._fresh = _session(aiohttp.TCPConnector(limit=0, ssl=engine_ssl, force_close=True), [])
         self.on_unreachable: Callable[[], None] | None = None
         """Called whenever `send` finds the engine unreachable (no connection could be made),
         so that routing passes its pool over for a while (admission_gateway/routing.py)."""
+        self._api_key = api_key
 
     async def close(self) -> None:
-        await self.pooled.close()
+        await self._pooled.close()
         await self._fresh.close()
 
     async def __aenter__(self) -> EngineClient:
@@ -91,16 +116,41 @@ class EngineClient:
     ) -> aiohttp.ClientResponse:
         """`method url` on a pooled connection, sent again once, on a new connection, when it
         went out on a reused pooled connection that failed on write or closed before any byte
-        of a response (the engine never received it). Returns the response once its status and
-        headers have arrived; the caller reads, releases or closes it. Raises what
-        `session.request` raises: TimeoutError on a timeout (never retried),
-        aiohttp.ClientError on any other failure, of the retry where there was one."""
+        of a response (the engine never received it). `headers` go as they are, but for
+        Authorization: any there is dropped, and the engine's API key set in its place when
+        there is one. Returns the response once its status and headers have arrived; the caller
+        reads, releases or closes it. Raises what `session.request` raises: TimeoutError on a
+        timeout (never retried), aiohttp.ClientError on any other failure, of the retry where
+        there was one; and EngineCredentialsRefused (an aiohttp.ClientError) when the engine
+        answers 401."""
+        sent = self._with_credentials(headers)
         try:
-            return await self._send(method, url, data, headers, client_timeout)
+            response = await self._send(method, url, data, sent, client_timeout)
         except aiohttp.ClientConnectorError:
             if self.on_unreachable is not None:
                 self.on_unreachable()
             raise
+        if response.status == HTTPStatus.UNAUTHORIZED:
+            # No client credential ever reaches the engine, so its 401 is about the gateway's
+            # own key: a misconfiguration the client can do nothing about, not its answer.
+            response.release()
+            raise EngineCredentialsRefused(
+                f"the engine refused {method} {url}: "
+                + (
+                    "the gateway's API key is not one it takes (pools[].engine_api_key_file)"
+                    if self._api_key is not None
+                    else "it requires an API key (set pools[].engine_api_key_file)"
+                )
+            )
+        return response
+
+    def _with_credentials(self, headers: Mapping[str, str]) -> CIMultiDict[str]:
+        """`headers` with the engine's Authorization instead of any the caller put there."""
+        sent = CIMultiDict(headers)
+        sent.popall("Authorization", None)
+        if self._api_key is not None:
+            sent["Authorization"] = f"Bearer {reveal(self._api_key)}"
+        return sent
 
     async def _send(
         self,
@@ -112,7 +162,7 @@ class EngineClient:
     ) -> aiohttp.ClientResponse:
         first = _Attempt()
         try:
-            return await self.pooled.request(
+            return await self._pooled.request(
                 method,
                 url,
                 data=data,

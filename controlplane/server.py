@@ -12,6 +12,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controlplane.decision_loop import DecisionObserver
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.pool_state import PoolState
 from controlplane.reflection import add_reflection
@@ -55,6 +56,13 @@ class ControlPlane:
     tracer_provider: where its spans go (decisions, pushes, connections); no-op by default.
     state_store: the store to keep state in, not yet opened (tests); by default the one
     controlplane.state_store names. Either is opened by start() and closed by stop().
+    decision_observers: called with every decision of every pool, after the metrics (the
+    deterministic twin keeps its run's decisions so).
+
+    Everything is built here from the config, nothing started: `start` opens the servers and
+    spawns each pool's decision loop and re-grants. The twin (slotshift_tools/twin) runs these
+    same objects in one process on a virtual clock, without the servers: `pools`, `runtimes`
+    and `gateway_service` are its entry points (no state store: nothing is restored or kept).
     """
 
     def __init__(
@@ -64,6 +72,7 @@ class ControlPlane:
         clock: Clock | None = None,
         tracer_provider: trace.TracerProvider | None = None,
         state_store: StateStore | None = None,
+        decision_observers: list[DecisionObserver] | None = None,
     ) -> None:
         self.config = config
         self._store = state_store
@@ -89,11 +98,19 @@ class ControlPlane:
                 state,
                 clock=self._clock,
                 reconcile_min_interval_s=settings.reconcile_min_interval_ms / 1000,
-                observers=[self.metrics.observe_decision],
+                observers=[self.metrics.observe_decision, *(decision_observers or [])],
                 tracer=self._tracer,
             )
             for name, state in self.pools.items()
         }
+        self.gateway_service = GatewayStreamService(
+            self.pools,
+            on_ack=self.metrics.observe_ack,
+            tracer=self._tracer,
+            clock=self._clock,
+            push_min_interval_s=settings.push_min_interval_ms / 1000,
+        )
+        """The gateways' stream: Connect on the gRPC server, `serve` on any other stream."""
         self._tasks = Supervisor("controlplane")
         # `aio` is set only when grpc.aio imports, so the stubs do not declare it.
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
@@ -120,16 +137,7 @@ class ControlPlane:
         query_pb2_grpc.add_AllocationServiceServicer_to_server(
             AllocationQueryService(self.pools, history=keeper.history), server
         )
-        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(
-            GatewayStreamService(
-                self.pools,
-                on_ack=self.metrics.observe_ack,
-                tracer=self._tracer,
-                clock=self._clock,
-                push_min_interval_s=settings.push_min_interval_ms / 1000,
-            ),
-            server,
-        )
+        gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self.gateway_service, server)
         telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(
             TelemetryIngestService(
                 self.pools,

@@ -42,10 +42,10 @@ The scheduler follows vLLM V1's, reduced to what shapes latency and throughput:
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from engine_sim.profiles import EngineProfile, effective_profile
 from engine_sim.tokens import (
@@ -56,7 +56,9 @@ from engine_sim.tokens import (
     eos_threshold,
     extend_hash,
     next_token_id,
+    ordinary_chains,
     pseudo_eos_mean_tokens,
+    sample_ordinary,
 )
 from slotshift.config import EngineSimConfig
 
@@ -91,9 +93,10 @@ class RequestSpec:
         return len(self.prompt_token_ids)
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class TokenEmitted:
-    """One output token sampled at the end of a step."""
+    """One output token sampled at the end of a step; read-only by convention. Not frozen:
+    one is built per token stepped, and a frozen dataclass costs four times as much to build."""
 
     request_id: str
     index: int
@@ -168,8 +171,8 @@ class _Sequence:
         return len(self.shared_keys) + self.private_blocks
 
 
-@dataclass(frozen=True)
-class _Scheduled:
+class _Scheduled(NamedTuple):
+    # A tuple: one is built per sequence and step.
     sequence: _Sequence
     new_tokens: int
 
@@ -398,22 +401,32 @@ class EngineCore:
         preemptions = 0
         queries = hits = 0
 
+        # The running batch is walked once per step: its per-sequence work is written out
+        # (what _blocks_for, _allocatable and the properties compute) rather than called.
+        running = self._running
+        size = self._block_size
         index = 0
-        while index < len(self._running) and budget > 0:
-            sequence = self._running[index]
-            new_tokens = min(sequence.num_tokens - sequence.num_computed_tokens, budget)
-            needed = self._blocks_for(sequence.num_computed_tokens + new_tokens) - sequence.blocks
-            preempted_self = False
-            while needed > self._allocatable():
-                victim = self._running.pop()
-                self._preempt(victim)
-                preemptions += 1
-                if victim is sequence:
-                    preempted_self = True
+        while index < len(running) and budget > 0:
+            sequence = running[index]
+            computed = sequence.num_computed_tokens
+            new_tokens = min(sequence.prompt_tokens + sequence.output_tokens - computed, budget)
+            needed = (
+                -(-(computed + new_tokens) // size)
+                - len(sequence.shared_keys)
+                - sequence.private_blocks
+            )
+            if needed > 0:
+                preempted_self = False
+                while needed > self._free_blocks + len(self._evictable):
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preemptions += 1
+                    if victim is sequence:
+                        preempted_self = True
+                        break
+                if preempted_self:
                     break
-            if preempted_self:
-                break
-            self._allocate(sequence, needed)
+                self._allocate(sequence, needed)
             entries.append(_Scheduled(sequence, new_tokens))
             budget -= new_tokens
             index += 1
@@ -448,9 +461,19 @@ class EngineCore:
                 entries.append(_Scheduled(sequence, new_tokens))
                 budget -= new_tokens
 
-        decode_tokens = sum(1 for entry in entries if self._is_decode(entry))
-        prefill_tokens = sum(entry.new_tokens for entry in entries if not self._is_decode(entry))
-        context_tokens = sum(e.sequence.num_computed_tokens + e.new_tokens for e in entries)
+        decode_tokens = prefill_tokens = context_tokens = 0
+        for sequence, new_tokens in entries:
+            computed = sequence.num_computed_tokens
+            context_tokens += computed + new_tokens
+            # Decoding: one token, the one after the last computed, of a sequence with output.
+            if (
+                new_tokens == 1
+                and sequence.output_tokens > 0
+                and computed == sequence.prompt_tokens + sequence.output_tokens - 1
+            ):
+                decode_tokens += 1
+            else:
+                prefill_tokens += new_tokens
         step = ScheduledStep(
             step_id=self._next_step_id,
             started_s=now_s,
@@ -483,20 +506,40 @@ class EngineCore:
         tokens: list[TokenEmitted] = []
         finished: list[FinishedRequest] = []
         prompt_tokens = 0
-        for entry in step.entries:
-            sequence = entry.sequence
+        size = self._block_size
+        caching = self._caching
+        # A token is a function of its sequence's context alone: those of the sequences that
+        # sample without an EOS draw are drawn for the whole batch at once, then taken in
+        # batch order below (where each sequence's blocks change in stepping's order).
+        drawing = [
+            sequence
+            for sequence, new_tokens in step.entries
+            if not sequence.done
+            and sequence.spec.ignore_eos
+            and sequence.num_computed_tokens + new_tokens
+            >= sequence.prompt_tokens + sequence.output_tokens
+        ]
+        drawn_ids, drawn_states = sample_ordinary([s.context_hash for s in drawing])
+        drawn = 0
+        for sequence, new_tokens in step.entries:
             if sequence.done:  # aborted while the step ran
                 continue
-            sequence.num_computed_tokens += entry.new_tokens
-            if self._caching:
-                self._cache_full_blocks(sequence)
-            if sequence.num_computed_tokens < sequence.num_tokens:
+            computed = sequence.num_computed_tokens + new_tokens
+            sequence.num_computed_tokens = computed
+            if caching and computed // size > len(sequence.shared_keys):
+                self._cache_full_blocks(sequence)  # a block became full
+            if computed < sequence.prompt_tokens + sequence.output_tokens:
                 continue  # a prefill chunk; no token yet
             index = sequence.output_tokens
             previous_s = sequence.last_token_s
             if previous_s is None:
                 previous_s = sequence.arrival_s
-            token_id, reason = self._sample(sequence)
+            if sequence.spec.ignore_eos:
+                token_id = drawn_ids[drawn]
+                reason = self._append_token(sequence, token_id, drawn_states[drawn], stops=False)
+                drawn += 1
+            else:
+                token_id, reason = self._sample(sequence)
             sequence.last_token_s = now_s
             if index == 0:
                 prompt_tokens += sequence.spec.prompt_tokens
@@ -590,11 +633,30 @@ class EngineCore:
         running = list(self._running)
         size = self._block_size
         start = [sequence.num_computed_tokens for sequence in running]
+        steps = len(ends)
+        # _sample's rounds at once for the sequences without an EOS draw (ordinary tokens; the
+        # run stops at the step that reaches a max_output_tokens, so only that one can end a
+        # request); one by one for the others.
+        chained = [sequence for sequence in running if sequence.spec.ignore_eos]
+        states = ordinary_chains(
+            [sequence.context_hash for sequence in chained],
+            steps,
+            [sequence.prompt_tokens + sequence.output_tokens for sequence in chained],
+            size,
+            [sequence.block_keys for sequence in chained],
+        )
+        for sequence, state in zip(chained, states, strict=True):
+            sequence.context_hash = state
+            sequence.output_tokens += steps
         reasons: list[FinishReason | None] = []
         for sequence in running:
             reason: FinishReason | None = None
-            for _ in ends:
-                _, reason = self._sample(sequence)
+            if sequence.spec.ignore_eos:
+                if sequence.output_tokens >= sequence.spec.max_output_tokens:
+                    reason = FinishReason.LENGTH
+            else:
+                for _ in ends:
+                    _, reason = self._sample(sequence)
             reasons.append(reason)
         # Sequences of one phase (computed tokens modulo the block size) cross block boundaries
         # in the same steps; each bucket keeps batch order, the order complete() caches in.
@@ -630,7 +692,7 @@ class EngineCore:
     # --- internals -------------------------------------------------------------------------
 
     def _blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self._block_size)
+        return -(-tokens // self._block_size)
 
     def _allocatable(self) -> int:
         return self._free_blocks + len(self._evictable)
@@ -719,27 +781,27 @@ class EngineCore:
             token_id, stops = next_token_id(state), False
         else:
             token_id, stops = self._draw(spec, state, sequence.output_tokens)
-        state = extend_hash(state, token_id)
+        return token_id, self._append_token(
+            sequence, token_id, extend_hash(state, token_id), stops=stops
+        )
+
+    def _append_token(
+        self, sequence: _Sequence, token_id: int, state: int, *, stops: bool
+    ) -> FinishReason | None:
+        """Append `token_id` (the EOS when `stops`) to `sequence`, whose context's hash becomes
+        `state`; why the request ends with it, if it does."""
         sequence.context_hash = state
         output = sequence.output_tokens + 1
         sequence.output_tokens = output
         if (sequence.prompt_tokens + output) % self._block_size == 0:
             sequence.block_keys.append(state)
+        spec = sequence.spec
         if stops:
             # vLLM reports "stop" when EOS is sampled, even on the max_tokens-th token.
-            return token_id, FinishReason.STOP
-        if sequence.output_tokens >= spec.max_output_tokens:
-            return token_id, FinishReason.LENGTH
-        return token_id, None
-
-    @staticmethod
-    def _is_decode(entry: _Scheduled) -> bool:
-        sequence = entry.sequence
-        return (
-            entry.new_tokens == 1
-            and sequence.output_tokens > 0
-            and sequence.num_computed_tokens == sequence.num_tokens - 1
-        )
+            return FinishReason.STOP
+        if output >= spec.max_output_tokens:
+            return FinishReason.LENGTH
+        return None
 
     def _finish(self, sequence: _Sequence, reason: FinishReason, now_s: float) -> FinishedRequest:
         sequence.done = True

@@ -9,12 +9,21 @@ so a vanished client cancels its handler even while it only waits for tokens, an
 a completion whose prompt is the prompt's ids plus the output's (return_token_ids gives both),
 which generates what the paused request would have (engine_sim/tokens.py) and finds its computed
 blocks in the prefix cache (engine_sim/engine_core.py).
+
+With engine_sim.api_key_file the API routes need a key, as vLLM's with --api-key
+(vllm/entrypoints/serve/middleware/authenticate.py, 0.32): a request whose path starts with
+/v1 and that lacks `Authorization: Bearer KEY` with one of the file's keys gets 401
+`{"error": "Unauthorized"}`; OPTIONS and every other path (/health, /metrics, /version,
+/tokenize, /sim/...) stay open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import secrets
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from http import HTTPStatus
 
 from aiohttp import web
@@ -36,10 +45,59 @@ from engine_sim.tokens import token_text
 from engine_sim.tracing import llm_request_span, record_finished
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
-from slotshift.config import EngineSimConfig
+from slotshift.config import EngineSimConfig, read_secret_tokens
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 """Largest request body accepted (a max_model_len prompt of text fits many times over)."""
+
+GUARDED_PREFIXES = ("/v1",)
+"""The paths an API key guards: vLLM's GUARDED_PREFIX ("/v1", "/v2", "/inference",
+"/cohere") less the routes the emulator does not serve."""
+
+UNAUTHORIZED_BODY = b'{"error":"Unauthorized"}'
+"""vLLM's answer to a request without a valid key, byte for byte (starlette's JSONResponse of
+`{"error": "Unauthorized"}`)."""
+
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def api_key_middleware(keys: Sequence[str]) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """An aiohttp middleware that refuses, as vLLM's AuthenticationMiddleware does, a request to
+    a GUARDED_PREFIXES path whose Authorization is not `Bearer` (any case) and one of `keys`:
+    401 with vLLM's body. Keys are compared by their SHA-256 digests in constant time, as vLLM
+    does. ValueError when `keys` is empty (that would refuse everyone)."""
+    if not keys:
+        raise ValueError("an API key middleware needs at least one key")
+    digests = [hashlib.sha256(key.encode()).digest() for key in keys]
+
+    def allowed(authorization: str | None) -> bool:
+        if not authorization:
+            return False
+        scheme, _, offered = authorization.partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(offered.encode()).digest()
+        matched = False
+        for expected in digests:
+            # Every key is compared, so that the time taken says nothing of which matched.
+            matched |= secrets.compare_digest(digest, expected)
+        return matched
+
+    @web.middleware
+    async def require_api_key(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        if (
+            request.method != "OPTIONS"
+            and request.path.startswith(GUARDED_PREFIXES)
+            and not allowed(request.headers.get("Authorization"))
+        ):
+            return web.Response(
+                status=HTTPStatus.UNAUTHORIZED,
+                body=UNAUTHORIZED_BODY,
+                content_type="application/json",
+            )
+        return await handler(request)
+
+    return require_api_key
 
 
 class EngineSim:
@@ -123,11 +181,18 @@ class EngineSim:
     # --- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start the step loop and listen."""
+        """Read the API keys (engine_sim.api_key_file; ConfigError when unreadable or empty),
+        start the step loop and listen."""
         if self._runner is not None:
             raise RuntimeError("already started")
+        middlewares = []
+        if (key_file := self._config.api_key_file) is not None:
+            keys = await asyncio.to_thread(
+                read_secret_tokens, key_file, field="engine_sim.api_key_file"
+            )
+            middlewares.append(api_key_middleware(keys))
         self._supervisor.spawn("steps", self._engine.run())
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=middlewares)
         app.add_routes(
             [
                 web.post("/v1/completions", self._completions),

@@ -33,6 +33,9 @@ import random
 import zlib
 from collections.abc import Iterable, Sequence
 
+import numpy as np
+from numpy.typing import NDArray
+
 CHARS_PER_TOKEN = 4
 """Characters one token stands for in the approximation."""
 
@@ -144,17 +147,145 @@ def context_hash(token_ids: Iterable[int], state: int = CONTEXT_HASH_START) -> i
     return state
 
 
+_MIX_GAMMA = 0x9E3779B97F4A7C15
+_MIX_1 = 0xBF58476D1CE4E5B9
+_MIX_2 = 0x94D049BB133111EB
+_ORDINARY_IDS = VOCAB_SIZE - _FIRST_ORDINARY_ID
+
+
 def _mix(value: int) -> int:
     # splitmix64's finaliser: neighbouring hashes give unrelated draws.
-    value = (value + 0x9E3779B97F4A7C15) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    value = (value + _MIX_GAMMA) & _MASK64
+    value = ((value ^ (value >> 30)) * _MIX_1) & _MASK64
+    value = ((value ^ (value >> 27)) * _MIX_2) & _MASK64
     return value ^ (value >> 31)
 
 
 def next_token_id(state: int) -> int:
     """The ordinary token sampled after a context whose hash is `state`."""
-    return _FIRST_ORDINARY_ID + _mix(state) % (VOCAB_SIZE - _FIRST_ORDINARY_ID)
+    # _mix(state), inlined: this runs for every token the emulator samples one step at a time.
+    value = (state + _MIX_GAMMA) & _MASK64
+    value = ((value ^ (value >> 30)) * _MIX_1) & _MASK64
+    value = ((value ^ (value >> 27)) * _MIX_2) & _MASK64
+    return _FIRST_ORDINARY_ID + (value ^ (value >> 31)) % _ORDINARY_IDS
+
+
+def ordinary_chain(
+    state: int, count: int, tokens: int, block_size: int, block_keys: list[int]
+) -> int:
+    """Sample `count` ordinary tokens one after another after a context of hash `state` that
+    holds `tokens` tokens: returns the context's hash after them, exactly what `count` rounds
+    of `state = extend_hash(state, next_token_id(state))` give, and appends to `block_keys` the
+    hash after each token that fills a block (the context's length a multiple of
+    `block_size`), as the prefix cache names blocks.
+
+    The decode runs' hot loop (engine_core.EngineCore.advance_decodes): one call per run and
+    sequence, with the arithmetic inlined, since a call per token costs more than the token."""
+    mask, modulus, base, first, span = (
+        _MASK64,
+        _HASH_MODULUS,
+        _HASH_BASE,
+        _FIRST_ORDINARY_ID + 1,
+        _ORDINARY_IDS,
+    )
+    gamma, mix_1, mix_2 = _MIX_GAMMA, _MIX_1, _MIX_2
+    # Tokens until the context next fills a block.
+    to_boundary = block_size - tokens % block_size
+    for _ in range(count):
+        value = (state + gamma) & mask
+        value = ((value ^ (value >> 30)) * mix_1) & mask
+        value = ((value ^ (value >> 27)) * mix_2) & mask
+        # extend_hash(state, token_id) with token_id = _FIRST_ORDINARY_ID + draw % span.
+        state = (state * base + first + (value ^ (value >> 31)) % span) % modulus
+        to_boundary -= 1
+        if not to_boundary:
+            block_keys.append(state)
+            to_boundary = block_size
+    return state
+
+
+BATCH_MIN = 8
+"""From this many contexts on, ordinary_chains and sample_ordinary work on arrays: per token
+they cost a few array operations shared by the batch, which beats a Python loop only when the
+batch is not tiny."""
+
+_U64 = np.uint64
+_LOW_32 = _U64((1 << 32) - 1)
+_LOW_29 = _U64((1 << 29) - 1)
+_SHIFT_32, _SHIFT_29, _SHIFT_61 = _U64(32), _U64(29), _U64(61)
+_SHIFT_30, _SHIFT_27, _SHIFT_31 = _U64(30), _U64(27), _U64(31)
+
+
+def _next_states(states: NDArray[np.uint64]) -> tuple[NDArray[np.uint64], NDArray[np.uint64]]:
+    """For contexts of hash `states`: the ordinary token each samples, and each hash with it
+    (next_token_id and extend_hash), in unsigned 64-bit arithmetic, exactly.
+
+    The draw is splitmix64's finaliser, whose `& _MASK64` is the arrays' own wrap-around. The
+    hash, (state x base + token + 1) mod (2^61 - 1), would overflow 64 bits (state < 2^61,
+    base < 2^20): with state = hi x 2^32 + lo, hi x base x 2^32 = (x >> 29) x 2^61 +
+    (x & (2^29 - 1)) x 2^32 for x = hi x base, and 2^61 = 1 modulo 2^61 - 1; every term fits,
+    their sum is below 2^62, and one fold and one subtraction leave the residue."""
+    value = states + _U64(_MIX_GAMMA)
+    value ^= value >> _SHIFT_30
+    value *= _U64(_MIX_1)
+    value ^= value >> _SHIFT_27
+    value *= _U64(_MIX_2)
+    value ^= value >> _SHIFT_31
+    tokens = value % _U64(_ORDINARY_IDS) + _U64(_FIRST_ORDINARY_ID)
+    base = _U64(_HASH_BASE)
+    x = (states >> _SHIFT_32) * base
+    total = ((x & _LOW_29) << _SHIFT_32) + (x >> _SHIFT_29) + (states & _LOW_32) * base
+    total += tokens + _U64(1)
+    modulus = _U64(_HASH_MODULUS)
+    folded = (total & modulus) + (total >> _SHIFT_61)
+    folded -= modulus * (folded >= modulus)
+    return tokens, folded
+
+
+def sample_ordinary(states: Sequence[int]) -> tuple[list[int], list[int]]:
+    """For contexts of hash `states`: the ordinary token each samples next, and each context's
+    hash with it; `[next_token_id(s) for s in states]` and the matching extend_hash, on arrays
+    from BATCH_MIN contexts on (one engine step's tokens)."""
+    if len(states) < BATCH_MIN:
+        tokens = [next_token_id(state) for state in states]
+        return tokens, [extend_hash(s, t) for s, t in zip(states, tokens, strict=True)]
+    tokens_array, extended = _next_states(np.array(states, dtype=np.uint64))
+    return tokens_array.tolist(), extended.tolist()
+
+
+def ordinary_chains(
+    states: Sequence[int],
+    count: int,
+    tokens: Sequence[int],
+    block_size: int,
+    block_keys: Sequence[list[int]],
+) -> list[int]:
+    """ordinary_chain for each context i of hash `states[i]` holding `tokens[i]` tokens, each
+    extended by the same `count` tokens, its block keys appended to `block_keys[i]`: the final
+    hashes. On arrays from BATCH_MIN contexts on (a decode run's batch), token by token for all
+    of them at once."""
+    if len(states) < BATCH_MIN or count == 0:
+        return [
+            ordinary_chain(state, count, held, block_size, keys)
+            for state, held, keys in zip(states, tokens, block_keys, strict=True)
+        ]
+    state = np.array(states, dtype=np.uint64)
+    history = np.empty((count, len(states)), dtype=np.uint64)
+    for step in range(count):
+        _, state = _next_states(state)
+        history[step] = state
+    # The step after which each context first fills a block, then one every block_size steps:
+    # the keys are gathered a block's worth of steps at a time, in order.
+    columns = np.arange(len(states))
+    first = block_size - np.array(tokens, dtype=np.int64) % block_size - 1
+    for offset in range(0, count, block_size):
+        rows = first + offset
+        filled = rows < count
+        keys = history[rows[filled], columns[filled]].tolist()
+        for column, key in zip(columns[filled].tolist(), keys, strict=True):
+            block_keys[column].append(key)
+    result: list[int] = state.tolist()
+    return result
 
 
 def pseudo_eos_mean_tokens(pseudo_eos_max_tokens: int) -> float:

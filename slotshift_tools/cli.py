@@ -183,6 +183,12 @@ def _add_simulate_parser(commands: Any) -> None:
         help="run every engine step instead of jumping over decode runs (the same figures, slower)",
     )
     simulate.add_argument(
+        "--frontier",
+        action="store_true",
+        help="print F(a), the most output throughput any schedule of limits reaches at every "
+        "tenant's SLO attainment >= a (feasible and upper bound), with where each policy lands",
+    )
+    simulate.add_argument(
         "--log-level",
         default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "WARNING"),
         help="log level (default %(default)s)",
@@ -328,6 +334,17 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"slotshift: {exc}", file=sys.stderr)
         return 2
+    if args.frontier:
+        from slotshift_tools.twin.frontier_command import run_frontier
+
+        return run_frontier(
+            args.scenario,
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+            out_dir=args.out,
+            overrides=overrides,
+            settings=settings,
+        )
     return run_simulate(
         args.scenario,
         duration_s=args.duration,

@@ -38,7 +38,7 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from slotshift.aiotasks import Supervisor
-from slotshift.config import SlotshiftConfig, apply_overrides, revealed
+from slotshift.config import PoolConfig, SlotshiftConfig, apply_overrides, revealed
 
 logger = logging.getLogger(__name__)
 
@@ -233,7 +233,10 @@ class LocalStack:
         if len(pools) == 1:
             sim = self.config.engine_sim
             await self._start(
-                "engine-sim", [], _http_ok(f"http://{sim.host}:{sim.port}/health"), timeout_s
+                "engine-sim",
+                _set_args(_engine_key_settings(pools[0], sim.api_key_file)),
+                _http_ok(f"http://{sim.host}:{sim.port}/health"),
+                timeout_s,
             )
             return
         profiles = self.config.local_stack.emulator_profiles
@@ -246,9 +249,10 @@ class LocalStack:
             settings = [f"engine_sim.port={port}", f"engine_sim.model_name={pool.models[0]}"]
             if pool.name in profiles:
                 settings.append(f"engine_sim.profile={profiles[pool.name]}")
+            settings += _engine_key_settings(pool, None)
             await self._start(
                 f"engine-sim-{pool.name}",
-                [arg for pair in settings for arg in ("--set", pair)],
+                _set_args(settings),
                 _http_ok(f"http://{self.config.engine_sim.host}:{port}/health"),
                 timeout_s,
                 command="engine-sim",
@@ -275,6 +279,7 @@ class LocalStack:
             model = await asyncio.to_thread(ensure_model, paths, python)
         except VllmCpuSetupError as exc:
             raise StackError(f"the CPU vLLM could not be set up: {exc}") from exc
+        engine_pool = self.config.pools[self._engine_pool_index()]
         if settings.vllm_port is None:
             port = self._engine_port()
         else:
@@ -289,6 +294,7 @@ class LocalStack:
                 max_num_seqs=settings.vllm_max_num_seqs,
                 block_size_tokens=settings.vllm_block_size_tokens,
                 otlp_traces_endpoint=settings.vllm_otlp_traces_endpoint,
+                api_key_file=_optional_path(engine_pool.engine_api_key_file),
             ),
         )
         self._point_at_engine(server.url)
@@ -298,7 +304,8 @@ class LocalStack:
             _http_ok(f"{server.url}/health"),
             settings.vllm_ready_timeout_s,
             argv=server.command(),
-            env=server.environment(os.environ),
+            # Reads the engine's key file.
+            env=await asyncio.to_thread(server.environment, os.environ),
             stop_grace_s=VLLM_STOP_GRACE_S,
         )
 
@@ -492,6 +499,24 @@ class LocalStack:
                     os.killpg(child.process.pid, signal.SIGKILL)
             logger.info("%s stopped (status %s)", child.name, child.process.returncode)
         await self._tasks.stop()
+
+
+def _engine_key_settings(pool: PoolConfig, configured: str | None) -> list[str]:
+    """The `--set` pair that makes an emulator started for `pool` require the key the gateways
+    send it (pools[].engine_api_key_file); none where the pool sends no key or the emulator's
+    own api_key_file is `configured` already (it then says which keys it takes)."""
+    if pool.engine_api_key_file is None or configured is not None:
+        return []
+    return [f"engine_sim.api_key_file={pool.engine_api_key_file}"]
+
+
+def _set_args(settings: list[str]) -> list[str]:
+    """`--set` before each `dotted.path=value` of `settings`."""
+    return [arg for pair in settings for arg in ("--set", pair)]
+
+
+def _optional_path(path: str | None) -> Path | None:
+    return None if path is None else Path(path)
 
 
 def _http_ok(url: str) -> Callable[[], Awaitable[bool]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Protocol
 
 import grpc
 from opentelemetry import trace
@@ -24,11 +25,20 @@ from slotshift.trace_context import (
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
 from slotshift.wire import demand_from_proto, from_timestamp
 
-_MOST_SLOTS_AHEAD = 3
+_MOST_SLOTS_AHEAD = 2
 """How many push slots urgent updates may take ahead of time (see GatewayStreamService._write)."""
 
 AckObserver = Callable[[str, float], None]
 """Called with (pool, seconds from publishing a version to the gateway's acknowledgement)."""
+
+
+class UpdateSink(Protocol):
+    """Where one gateway's stream writes: the gRPC call's servicer context, or any other
+    ordered stream of `ControlMessage`s (the deterministic twin's in-memory one)."""
+
+    async def write(self, message: gateway_pb2.ControlMessage) -> None:
+        """Send `message` to the gateway; one write at a time (the writer never overlaps
+        them)."""
 
 
 class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
@@ -81,9 +91,31 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 f"hello.pool: no pool {hello.pool!r} (known: {sorted(self._pools)})",
             )
         assert state is not None  # abort raises; this tells the type checker
+        await self.serve(
+            state,
+            hello,
+            request_iterator,
+            context,
+            parent=carrier_from_grpc_metadata(context.invocation_metadata()),
+        )
+
+    async def serve(
+        self,
+        state: PoolState,
+        hello: gateway_pb2.GatewayHello,
+        messages: AsyncIterator[gateway_pb2.GatewayMessage],
+        sink: UpdateSink,
+        *,
+        parent: Mapping[str, str] | None = None,
+    ) -> None:
+        """One gateway's stream after its (valid) hello, until it ends: the gateway connects to
+        `state`, its reports and acknowledgements are read from `messages`, and what lands in
+        its session's mailbox is written to `sink`; when either side ends, the other is stopped
+        and the gateway is marked disconnected. `parent` (W3C) is the gateway's connect span.
+        Connect runs it on a gRPC call; the twin on an in-memory stream."""
         with self._tracer.start_as_current_span(
             "gateway.connect",
-            context=parent_from(carrier_from_grpc_metadata(context.invocation_metadata())),
+            context=parent_from(parent or {}),
             kind=trace.SpanKind.SERVER,
             attributes={
                 "slotshift.pool": hello.pool,
@@ -99,11 +131,11 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 trace_context=carrier_of(span),
             )
         reader = asyncio.create_task(
-            self._read(state, session, request_iterator),
+            self._read(state, session, messages),
             name=f"gateway-reader/{hello.gateway_id}",
         )
         writer = asyncio.create_task(
-            self._write(state, session, context), name=f"gateway-writer/{hello.gateway_id}"
+            self._write(state, session, sink), name=f"gateway-writer/{hello.gateway_id}"
         )
         try:
             done, _ = await asyncio.wait({reader, writer}, return_when=asyncio.FIRST_COMPLETED)
@@ -150,7 +182,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         self,
         state: PoolState,
         session: GatewaySession,
-        context: grpc.aio.ServicerContext[object, object],
+        sink: UpdateSink,
     ) -> None:
         """Send what lands in the session's mailbox: the first update whole, then only what
         changed; one that may wait (core/push.py) waits for the gateway's next push slot,
@@ -178,10 +210,10 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             directory, session.directory = session.directory, None
             if directory is not None:
                 # Before the allocation, so that the gateway knows every tenant it names.
-                await context.write(
+                await sink.write(
                     gateway_pb2.ControlMessage(tenants=convert.directory_to_proto(directory))
                 )
-            await self._push(delivery, session.gateway_id, target, push, context)
+            await self._push(delivery, session.gateway_id, target, push, sink)
             pushed = target
             # A token bucket that urgent updates may overdraw: each update, urgent or not, takes
             # the next slot, so that over time a gateway gets at most one update per interval
@@ -199,7 +231,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         gateway_id: str,
         target: GatewayRow,
         push: Push,
-        context: grpc.aio.ServicerContext[object, object],
+        sink: UpdateSink,
     ) -> None:
         allocation = delivery.allocation
         update = gateway_pb2.AllocationUpdate(
@@ -224,7 +256,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             decision = delivery.decision.get("traceparent")
             if decision:
                 update.trace_context[DECISION_TRACEPARENT] = decision
-            await context.write(gateway_pb2.ControlMessage(allocation=update))
+            await sink.write(gateway_pb2.ControlMessage(allocation=update))
 
 
 def _row_of(delivery: Delivery, gateway_id: str) -> GatewayRow | None:

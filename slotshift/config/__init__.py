@@ -27,7 +27,13 @@ from slotshift.config.paths import resolve_path, with_resolved_paths
 from slotshift.config.policies import AgentPolicyConfig, PolicyName, SloPolicyConfig
 from slotshift.config.pools import PoolConfig, TenantConfig
 from slotshift.config.preemption import PreemptionConfig
-from slotshift.config.secrets import read_secret_file, read_secret_text, reveal, revealed
+from slotshift.config.secrets import (
+    read_secret_file,
+    read_secret_text,
+    read_secret_tokens,
+    reveal,
+    revealed,
+)
 from slotshift.config.services import (
     AgentConfig,
     AgentEngineConfig,
@@ -67,6 +73,7 @@ __all__ = [
     "parse_overrides",
     "read_secret_file",
     "read_secret_text",
+    "read_secret_tokens",
     "resolve_path",
     "reveal",
     "revealed",

@@ -21,6 +21,14 @@ class EngineSimConfig(ConfigModel):
     port: Port = 8000
     """Port of its OpenAI API and /metrics; 0 picks one."""
 
+    api_key_file: str | None = None
+    """A file of API keys, one per line (blank lines and `#` comments skipped), such as a
+    mounted Kubernetes Secret: as vLLM with --api-key, requests to the API routes (`/v1/...`)
+    need `Authorization: Bearer KEY` with one of them, else 401 `{"error": "Unauthorized"}`;
+    /health, /metrics, /version, /tokenize and /sim/... stay open, as vLLM leaves every path
+    outside /v1 open. A relative path is relative to the config file's folder. Unset: no key is
+    required."""
+
     profile: EmulatorProfile = "h200-qwen2.5-3b"
     """The emulated GPU and model (see engine_sim/profiles.py): step-time costs, batch limits,
     KV-cache size and memory. Every field below that is unset (null) takes the profile's value;

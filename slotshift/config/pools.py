@@ -90,6 +90,15 @@ class PoolConfig(ConfigModel):
     certificate if the engine requires one (--ssl-ca-certs, --ssl-cert-reqs 2); unset: the
     system's roots for https."""
 
+    engine_api_key_file: str | None = None
+    """A file holding the engine's API key (its first line that is neither blank nor a `#`
+    comment), such as a mounted Kubernetes
+    Secret: the gateways send it as `Authorization: Bearer KEY` on every call to this pool's
+    engine (vLLM's --api-key or VLLM_API_KEY, the emulator's engine_sim.api_key_file), and
+    nobody else needs it (the tenants' own keys never go past the gateways). Read by the
+    gateways only, when they start; a relative path is relative to the config file's folder.
+    Unset: no key is sent, for an engine that requires none."""
+
     fast_path: bool = True
     """Decide at once, not at the next period, when a tenant's queue grows while it holds less
     than its nominal share (so that lent slots start coming back without delay)."""

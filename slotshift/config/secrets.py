@@ -2,8 +2,8 @@
 
 API keys and tokens are held as `SecretStr`, which shows as `**********` in reprs, dumps and
 logs. A secret's value comes out through `reveal` (or `revealed`, for a whole dump), a secret's
-file through `read_secret_file` / `read_secret_text` (API-key files, the admin token, TLS keys
-and certificates): only where the value must be used (hashing a key, sending a token, writing a
+file through `read_secret_file` / `read_secret_text` / `read_secret_tokens` (API-key files, the
+admin token, the engine's API key, TLS keys and certificates): only where the value must be used (hashing a key, sending a token, writing a
 child process's config), never to log it.
 """
 
@@ -53,3 +53,16 @@ def read_secret_text(path: str, *, field: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{field}: cannot read {path}: {exc}") from exc
+
+
+def read_secret_tokens(path: str, *, field: str) -> list[str]:
+    """The tokens of a secret's file, one per line (a mounted Kubernetes Secret ends in a
+    newline or not): each line stripped, blank lines and lines starting with `#` skipped. As
+    `read_secret_text`, and ConfigError, `{field}: {path} holds no token`, when none is left
+    (an empty key would authenticate nobody, or everybody)."""
+    text = read_secret_text(path, field=field)
+    stripped = (line.strip() for line in text.splitlines())
+    tokens = [line for line in stripped if line and not line.startswith("#")]
+    if not tokens:
+        raise ConfigError(f"{field}: {path} holds no token")
+    return tokens

@@ -27,6 +27,9 @@ class TokenListener(Protocol):
         """Tokens sampled at `times_s`; `gaps_s` are the gaps between consecutive times (one
         fewer). Called at the last time; must not block."""
 
+    def token(self, time_s: float) -> None:
+        """One token sampled at `time_s` (a step's), now; what tokens((time_s,), ()) does."""
+
     def finished(self, request: FinishedRequest) -> None:
         """The request left the engine (done or aborted); called at once."""
 
@@ -110,7 +113,8 @@ class TwinEngine:
 
     def _deliver(self, outcome: StepOutcome) -> None:
         self.generation_tokens_total += len(outcome.tokens)
+        listeners = self._listeners
         for token in outcome.tokens:
-            self._listeners[token.request_id].tokens((token.time_s,), ())
+            listeners[token.request_id].token(token.time_s)
         for request in outcome.finished:
             self._listeners.pop(request.request_id).finished(request)

@@ -1,11 +1,13 @@
-"""One admission gateway in the twin: the production GatewayState, a request handler in place of
-the HTTP proxy, and the control client's reports and acknowledgements.
+"""One admission gateway in the twin: the production GatewayState and control session, and a
+request handler in place of the HTTP proxy.
 
 What the gateway enforces and reports is the production code's: GatewayState (its tenants'
 TenantAdmission with the FIFO queue, queue timeouts and pauses; apply_allocation; the demand
-figures and latency windows it reports). The twin replaces only the transport: a request is a
-call, not an HTTP exchange, and a message to the control plane is a callback after the network's
-transit time. The handler does what the proxy and the preemptible relay do with a streamed
+figures and latency windows it reports) and the control client's ControlSession
+(admission_gateway/control_session.py: the hello, the reports and their deltas, each update
+applied and acknowledged), which runs on an in-memory stream (stream.py) instead of a gRPC call.
+The twin replaces only the transports: a request is a call, not an HTTP exchange. The handler
+does what the proxy and the preemptible relay do with a streamed
 completion: admit, run it in the engine, record TTFT at its first token and the end-to-end
 latency at its last, release; a preemptible tenant's request that is asked to pause leaves the
 engine at once, gives its slot back and continues on a new one with its prompt plus what it has
@@ -15,32 +17,18 @@ generated (the prefix cache makes the re-prefill cheap), as docs/preemption.md d
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from admission_gateway.admission import AdmissionRejected, QueueFull, Slot
-from admission_gateway.gateway_state import GatewayState, TenantLimit, TenantState
+from admission_gateway.control_session import ControlSession, ControlStream
+from admission_gateway.gateway_state import GatewayState, TenantState
 from engine_sim.engine_core import FinishedRequest, FinishReason, RequestSpec
 from engine_sim.tokens import reference_output_ids
 from slotshift.clock import Clock
 from slotshift.config import GatewayConfig, PoolConfig
-from slotshift.demand import TenantDemand
 from slotshift_tools.bench.arrivals import RequestShape
 from slotshift_tools.bench.trace import RequestStatus, RequestTrace
 from slotshift_tools.twin.engine import TwinEngine
-
-Report = Callable[[str, int, list[TenantDemand], float], None]
-"""(gateway id, version, figures, observed at wall s): a report (its applied version) or an ack
-(the version applied) on its way to the control plane."""
-
-
-@dataclass(frozen=True, slots=True)
-class PushedRow:
-    """One gateway's limits for every tenant, as an allocation update carries them."""
-
-    version: int
-    limits: tuple[TenantLimit, ...]
 
 
 class _Stream:
@@ -89,6 +77,16 @@ class _Stream:
         self.last_token_s = times_s[-1]
         self.received += len(times_s)
 
+    def token(self, time_s: float) -> None:
+        last_s = self.last_token_s
+        if last_s is None:
+            self.trace.first_token_s = time_s - self.origin_s
+            self.tenant.ttft.observe(time_s - self.arrived_s)
+        else:
+            self.trace.itl_s.append(time_s - last_s)
+        self.last_token_s = time_s
+        self.received += 1
+
     def finished(self, request: FinishedRequest) -> None:
         self.ended = request
         if self.done is not None and not self.done.done():
@@ -96,7 +94,7 @@ class _Stream:
 
 
 class TwinGateway:
-    """One gateway replica: production state, the twin's transport."""
+    """One gateway replica: production state and control session, the twin's transports."""
 
     def __init__(
         self,
@@ -107,44 +105,32 @@ class TwinGateway:
         clock: Clock,
         engine: TwinEngine,
         origin_s: float,
-        report: Report,
-        ack: Report,
     ) -> None:
         self.gateway_id = gateway_id
         self.state = GatewayState(pool, config, clock)
-        self._config = config
+        self.session = ControlSession(
+            self.state,
+            gateway_id=gateway_id,
+            report_interval_s=config.report_interval_s,
+            queue_report_min_interval_s=config.queue_report_min_interval_s,
+            full_report_interval_s=config.full_report_interval_s,
+            clock=clock,
+        )
+        """The control stream's session, with the gateway's knobs as the gateway passes them
+        to its ControlClient (admission_gateway/gateway.py)."""
         self._clock = clock
         self._engine = engine
         self._origin_s = origin_s
-        self._report = report
-        self._ack = ack
         self._attempts = 0
         self.refused = 0
 
-    def figures(self) -> list[TenantDemand]:
-        """Every tenant's demand now, as the control client reports it."""
-        return self.state.demand()
+    async def control_stream(self, stream: ControlStream) -> None:
+        """Run the control session on `stream` until cancelled (the stream never ends here)."""
+        await self.session.run(stream, self._opened)
 
-    def apply(self, pushed: PushedRow) -> None:
-        """An allocation update arrived: enforce it, and acknowledge it with the figures under
-        the new limits (as the control client does, with nothing awaited in between)."""
-        if self.state.apply_allocation(pushed.version, pushed.limits):
-            self._ack(self.gateway_id, pushed.version, self.figures(), self._clock.wall())
-
-    async def report_periodically(self) -> None:
-        """The control client's reports: every report_interval_s, and sooner (at most every
-        queue_report_min_interval_s) when a tenant's queue starts, until cancelled."""
-        config = self._config
-        started = self.state.queue_started
-        wait_s = config.report_interval_s - config.queue_report_min_interval_s
-        while True:
-            await asyncio.sleep(config.queue_report_min_interval_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(started.wait(), wait_s)
-            started.clear()
-            self._report(
-                self.gateway_id, self.state.applied_version, self.figures(), self._clock.wall()
-            )
+    def _opened(self) -> None:
+        # What ControlClient does when its stream opens (StreamState.CONNECTED).
+        self.state.controlplane_connected = True
 
     async def serve(self, trace: RequestTrace, tenant_name: str, shape: RequestShape) -> None:
         """Serve one streamed completion of `tenant_name` to its end, filling `trace` as the

@@ -5,13 +5,14 @@ production pieces wired on a virtual loop, the bench's own load, the figures the
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from slotshift.config import SlotshiftConfig, apply_overrides, parse_config, reveal
-from slotshift.demand import TenantDemand
 from slotshift_tools.bench.arrivals import RequestShape
 from slotshift_tools.bench.load import LoadGenerator
 from slotshift_tools.bench.runner import RunResult
@@ -27,8 +28,9 @@ from slotshift_tools.bench.stats import Window
 from slotshift_tools.bench.trace import RequestStatus, RequestTrace
 from slotshift_tools.twin.controlplane import TwinControlPlane
 from slotshift_tools.twin.engine import TwinEngine
-from slotshift_tools.twin.gateway import PushedRow, TwinGateway
+from slotshift_tools.twin.gateway import TwinGateway
 from slotshift_tools.twin.settings import TwinSettings
+from slotshift_tools.twin.stream import GatewayStream
 from slotshift_tools.twin.virtual_loop import VirtualClock, VirtualEventLoop, run_virtual
 
 _PORTS = StackPorts(engine=1, controlplane=2, controlplane_metrics=3, agent_metrics=4, gateways=())
@@ -133,32 +135,16 @@ async def _simulate(
     transit_s = settings.transit_ms / 1000.0
     engine = TwinEngine(config.engine_sim, loop, closed_form=settings.closed_form)
     origin_s = settings.load_starts_after_s
-    gateways: dict[str, TwinGateway] = {}
-
-    def deliver(gateway_id: str, pushed: PushedRow) -> None:
-        loop.call_later(transit_s, gateways[gateway_id].apply, pushed)
-
-    controlplane = TwinControlPlane(pool, config.controlplane, clock=clock, deliver=deliver)
+    controlplane = TwinControlPlane(config, clock=clock)
     urls = [f"twin://gateway-{index}" for index in range(scenario.gateways)]
-
-    def report(gateway_id: str, version: int, figures: list[TenantDemand], at: float) -> None:
-        loop.call_later(transit_s, controlplane.report, gateway_id, version, figures, at)
-
-    def ack(gateway_id: str, version: int, figures: list[TenantDemand], at: float) -> None:
-        loop.call_later(transit_s, controlplane.ack, gateway_id, version, figures, at)
-
+    gateways: dict[str, TwinGateway] = {}
+    streams: dict[str, GatewayStream] = {}
     for index in range(scenario.gateways):
         gateway_id = f"gateway-{index}"
         gateways[gateway_id] = TwinGateway(
-            gateway_id,
-            pool,
-            config.gateway,
-            clock=clock,
-            engine=engine,
-            origin_s=origin_s,
-            report=report,
-            ack=ack,
+            gateway_id, pool, config.gateway, clock=clock, engine=engine, origin_s=origin_s
         )
+        streams[gateway_id] = GatewayStream(transit_s)
     baseline = run.policy == POOL_BASELINE
     tenant_of = {
         reveal(k): (POOL_BASELINE if baseline else t.name)
@@ -187,25 +173,24 @@ async def _simulate(
 
     processes: dict[str, Coroutine[Any, Any, None]] = {
         "engine": engine.run(),
-        "decisions": controlplane.decisions(),
-        "regrants": controlplane.regrants(),
-        **{f"push/{g}": controlplane.push(g) for g in gateways},
-        **{f"report/{g}": gw.report_periodically() for g, gw in gateways.items()},
+        **controlplane.processes(),
+        **{f"controlplane-stream/{g}": controlplane.serve(streams[g]) for g in gateways},
+        **{
+            f"control-stream/{g}": gw.control_stream(streams[g].gateway_end)
+            for g, gw in gateways.items()
+        },
     }
-    for gateway_id, gateway in gateways.items():
-        loop.call_later(
-            transit_s, controlplane.hello, gateway_id, 0, gateway.figures(), clock.wall()
-        )
-    await asyncio.sleep(2 * transit_s)
-    try:
-        async with asyncio.timeout(origin_s + horizon_s - clock.monotonic()):
-            async with asyncio.TaskGroup() as group:
-                for name, coroutine in processes.items():
-                    group.create_task(coroutine, name=f"twin/{name}")
-                group.create_task(start_load(), name="twin/load")
-                group.create_task(_after(origin_s, sample), name="twin/sampler")
-    except TimeoutError:
-        pass
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(c, name=f"twin/{name}") for name, c in processes.items()]
+        tasks.append(group.create_task(start_load(), name="twin/load"))
+        tasks.append(group.create_task(_after(origin_s, sample), name="twin/sampler"))
+        await asyncio.sleep(origin_s + horizon_s - clock.monotonic())
+        # The horizon: everything stops at once (a process that failed before has ended the
+        # group, and the sleep, with its error).
+        with _silenced(_DISCONNECT_LOGGER):
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
     wall_origin = clock.wall() - clock.monotonic() + origin_s
     result = RunResult(
         run=run,
@@ -216,10 +201,32 @@ async def _simulate(
         window_wall_s=(wall_origin + warmup_s, wall_origin + horizon_s),
         traces=load.traces,
         samples=samples,
-        decisions=[d.view for d in controlplane.log],
+        decisions=list(controlplane.decisions),
         harness={"loop_lag_p99_ms": None, "loop_lag_max_ms": None},
     )
     return result, engine
+
+
+_DISCONNECT_LOGGER = "controlplane.pool_state"
+"""Warns of every gateway whose stream ends: in the twin, each one at the end of each run."""
+
+
+@contextlib.contextmanager
+def _silenced(name: str) -> Iterator[None]:
+    """Drop the records of logger `name` while the block runs (the twin's run is single-threaded:
+    nothing else logs there meanwhile)."""
+    silence = _Silence()
+    logger = logging.getLogger(name)
+    logger.addFilter(silence)
+    try:
+        yield
+    finally:
+        logger.removeFilter(silence)
+
+
+class _Silence(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
 
 
 async def _after(delay_s: float, process: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -237,7 +244,8 @@ def _sample(
 ) -> Sample:
     """What the bench's sampler reads, read from the twin at this instant."""
     t_s = clock.monotonic() - origin_s
-    loads = controlplane.loads()
+    state = controlplane.state
+    loads = state.snapshot().tenants
     core = engine.core
     waste: dict[str, dict[str, float]] = {}
     for gateway in gateways.values():
@@ -248,8 +256,8 @@ def _sample(
     return Sample(
         t_s=t_s,
         wall_s=clock.wall(),
-        version=controlplane.version,
-        limits=dict(controlplane.tenant_limits),
+        version=state.allocation.version,
+        limits=dict(state.allocation.tenant_limits),
         granted=controlplane.granted(),
         in_flight={name: load_.in_flight for name, load_ in loads.items()},
         queued={name: load_.queued for name, load_ in loads.items()},

@@ -10,11 +10,13 @@ Nothing in the twin does I/O; a loop with nothing scheduled would wait forever, 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import selectors
-from collections.abc import Coroutine, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar, TypeVarTuple
 
 _T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 WALL_ORIGIN_S = 1_750_000_000.0
 """The wall clock's reading at virtual time 0 (any fixed value: runs must be reproducible)."""
@@ -79,6 +81,26 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.clock.now_s
+
+    def call_at(
+        self,
+        when: float,
+        callback: Callable[[*_Ts], object],
+        *args: *_Ts,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        """Schedule `callback(*args)` at `when`; the clock reads at least `when` as it runs.
+
+        asyncio runs a timer up to its clock's resolution early when other callbacks are ready
+        (it does not wait for them); on a real clock the next look at the time has moved on,
+        on this one it has not. Code that waits until a deadline in a loop (the gateway
+        stream's push slots: `while now < slot: wait(slot - now)`) would then wait 1 ns again
+        and again without the clock ever moving."""
+        return super().call_at(when, self._at, when, callback, args, context=context)
+
+    def _at(self, when: float, callback: Callable[[*_Ts], object], args: tuple[*_Ts]) -> None:
+        self.clock.now_s = max(self.clock.now_s, when)
+        callback(*args)
 
     def next_event_s(self) -> float:
         """A time before which the loop runs nothing: now while callbacks are ready, else its

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
+from slotshift.config import read_secret_tokens
 from slotshift_tools.vllm_cpu.environment import VllmCpuPaths
 
 _VARIABLES_NOT_PASSED = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "OTEL_SERVICE_NAME")
@@ -59,6 +60,11 @@ class VllmServerSettings:
     prompt's last token to get its logits)."""
     otlp_traces_endpoint: str | None = None
     """vLLM's --otlp-traces-endpoint (OTLP/gRPC, e.g. http://127.0.0.1:4317); None: no traces."""
+    api_key_file: Path | None = None
+    """A file holding the API key vLLM requires on its /v1 routes (--api-key; passed as
+    VLLM_API_KEY, which vLLM reads when --api-key is absent, so that the key is not on the
+    command line for `ps` to show): its first line that is neither blank nor a `#` comment.
+    None: no key (vLLM's /health and /metrics are open either way)."""
     extra_args: tuple[str, ...] = field(default_factory=tuple)
     """More `vllm.entrypoints.openai.api_server` flags."""
 
@@ -126,8 +132,17 @@ class VllmServer:
         return [*command, *s.extra_args]
 
     def environment(self, base: Mapping[str, str]) -> dict[str, str]:
-        """`base` (the caller's environment) with what vLLM needs to run offline on loopback."""
-        env = {k: v for k, v in base.items() if k not in _VARIABLES_NOT_PASSED}
+        """`base` (the caller's environment) with what vLLM needs to run offline on loopback,
+        and VLLM_API_KEY from settings.api_key_file (never one of `base`'s: without a key file
+        vLLM requires none). Blocks: reads the key file; ConfigError when it cannot be read or
+        holds no key."""
+        env = {
+            k: v for k, v in base.items() if k not in _VARIABLES_NOT_PASSED and k != "VLLM_API_KEY"
+        }
+        if self.settings.api_key_file is not None:
+            env["VLLM_API_KEY"] = read_secret_tokens(
+                str(self.settings.api_key_file), field="vLLM api_key_file"
+            )[0]
         venv_bin = str(self.paths.python.parent)
         env.update(
             {

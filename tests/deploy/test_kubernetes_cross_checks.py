@@ -367,8 +367,8 @@ def _secret_behind(workload: Obj, container: Obj, path: PurePosixPath) -> str:
 
 
 def test_only_the_control_plane_sees_the_admin_token(overlay: Manifests) -> None:
-    (secret,) = overlay.of_kind("Secret")
-    assert "admin-token" in secret["data"]
+    (secret,) = [s for s in overlay.of_kind("Secret") if "admin-token" in s["data"]]
+    assert secret["metadata"]["name"].startswith("slotshift-secrets")
 
     for workload, container in overlay.slotshift_containers():
         names = {path.name for path in overlay.files_seen_by(workload, container)}
@@ -613,10 +613,10 @@ def test_the_fleet_gateways_front_every_pool_of_the_local_fleet_demo(fleet: Mani
     assert _effective_config(fleet, gateway, container).fronted_pools() == config.pools
     assert config.gateway.pools == [pool.name for pool in config.pools]
     # The same fleet as `slotshift up --config deploy/local/fleet.yaml`: only the engines'
-    # addresses and the way keys are given differ.
+    # addresses and keys and the way tenant keys are given differ.
     assert config.gateway.pools == local.gateway.pools
     for ours, theirs in zip(config.pools, local.pools, strict=True):
-        different = {"engine_url", "tenants"}
+        different = {"engine_url", "engine_api_key_file", "tenants"}
         assert ours.model_dump(exclude=different) == theirs.model_dump(exclude=different)
         shape = {"api_keys", "api_keys_file"}
         assert [t.model_dump(exclude=shape) for t in ours.tenants] == [

@@ -4,7 +4,7 @@ everything the engine's URL) and stopped in reverse."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
@@ -46,3 +46,43 @@ async def start_stack(
         exits.push_async_callback(gateway.stop)
         started.append(gateway)
     return Stack(final, engine, control_plane, started)
+
+
+@dataclass
+class Fleet:
+    config: SlotshiftConfig
+    engines: dict[str, EngineSim]
+    """pool -> its emulator."""
+    control_plane: ControlPlane
+    gateways: list[AdmissionGateway]
+
+
+async def start_fleet(
+    exits: AsyncExitStack,
+    config: Callable[[dict[str, str], int], SlotshiftConfig],
+    models: Mapping[str, str],
+    *,
+    gateways: int = 1,
+) -> Fleet:
+    """An emulator per pool of `models` (pool -> the model it serves), a control plane and
+    `gateways` gateways fronting them, in that order; `config(engine urls by pool, grpc_port)`
+    is called as start_stack calls its config."""
+    unknown = {pool: "http://127.0.0.1:1" for pool in models}
+    engines = {}
+    for pool, model in models.items():
+        settings = config(unknown, 0).engine_sim.model_copy(update={"model_name": model})
+        engines[pool] = EngineSim(settings)
+        await engines[pool].start()
+        exits.push_async_callback(engines[pool].stop)
+    urls = {pool: engine.url for pool, engine in engines.items()}
+    control_plane = ControlPlane(config(urls, 0))
+    await control_plane.start()
+    exits.push_async_callback(control_plane.stop)
+    final = config(urls, control_plane.grpc_port)
+    started = []
+    for index in range(gateways):
+        gateway = AdmissionGateway(final, gateway_id=f"gw-{index}")
+        await gateway.start()
+        exits.push_async_callback(gateway.stop)
+        started.append(gateway)
+    return Fleet(final, engines, control_plane, started)

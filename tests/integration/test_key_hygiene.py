@@ -1,9 +1,11 @@
 """Integration, real servers on port 0 in one process: what a tenant's key can and cannot do.
 
 - no API key (valid or not, from the config or added at run time through the admin API), no
-  admin token (right or wrong) nor any other secret of the config appears in a log record (DEBUG
-  and up, every logger), in a span of any service (attributes, events, links, status), in a
-  /metrics scrape or in the pool config the admin API shows;
+  admin token (right or wrong), not the engine's API key (which the gateway sends on every call
+  to the engine) nor any other secret of the config appears in a log record (DEBUG and up,
+  every logger), in a span of any service (attributes, events, links, status), in a /metrics
+  scrape (the gateway's, the control plane's, the engine's) or in the pool config the admin
+  API shows;
 - the tenant is the key's, whatever headers or fields the client adds to claim another;
 - a tenant that floods its queue cannot make another wait: the other's requests, up to its own
   limit, are admitted at once while the first is saturated.
@@ -47,6 +49,9 @@ AGENT_POLICY_KEY = "sk-hygiene-advisor-key-0c3d"
 ADMIN_TOKEN = "admin-hygiene-token-9a7f31"
 WRONG_ADMIN_TOKEN = "admin-hygiene-wrong-token-2b8e"
 KEY_C = "sk-hygiene-tenant-c-added-at-runtime-64f0"
+ENGINE_KEY = "sk-hygiene-engine-key-e5d917"
+"""The engine's key: in files only (the gateway's engine_api_key_file, the emulator's
+api_key_file), so not among the config's SecretStr values."""
 MODEL = "Qwen/Qwen2.5-3B-Instruct"
 BUDGET = 8
 
@@ -65,7 +70,7 @@ class _NoGpu:
 
 
 def _config(
-    engine_url: str, grpc_port: int, policy: PolicyName, admin_token_file: Path
+    engine_url: str, grpc_port: int, policy: PolicyName, admin_token_file: Path, engine_key: Path
 ) -> SlotshiftConfig:
     return parse_config(
         {
@@ -76,6 +81,7 @@ def _config(
                     "policy": policy,
                     "decision_period_s": 0.1,
                     "engine_url": engine_url,
+                    "engine_api_key_file": str(engine_key),
                     "tenants": [
                         {"name": "A", "api_keys": [KEY_A, KEY_A_FILE_ONLY]},
                         {"name": "B", "api_keys": [KEY_B]},
@@ -103,7 +109,7 @@ def _config(
                 "metrics_port": 0,
                 "interval_s": 0.1,
             },
-            "engine_sim": {"port": 0},
+            "engine_sim": {"port": 0, "api_key_file": str(engine_key)},
         }
     )
 
@@ -142,6 +148,8 @@ async def _start_stack(exits: AsyncExitStack, policy: PolicyName, folder: Path) 
     exporters = []
     token_file = folder / "admin-token"
     token_file.write_text(ADMIN_TOKEN + "\n")
+    engine_key = folder / "engine-api-key"
+    engine_key.write_text(ENGINE_KEY + "\n")
 
     def provider(service: str) -> TracerProvider:
         exporter = InMemorySpanExporter()
@@ -152,14 +160,14 @@ async def _start_stack(exits: AsyncExitStack, policy: PolicyName, folder: Path) 
         traced.add_span_processor(SimpleSpanProcessor(exporter))
         return traced
 
-    base = _config("http://127.0.0.1:1", 0, policy, token_file)
+    base = _config("http://127.0.0.1:1", 0, policy, token_file, engine_key)
     engine = EngineSim(base.engine_sim, tracer_provider=provider("engine-sim"))
     await engine.start()
     exits.push_async_callback(engine.stop)
     control_plane = ControlPlane(base, tracer_provider=provider("controlplane"))
     await control_plane.start()
     exits.push_async_callback(control_plane.stop)
-    config = _config(engine.url, control_plane.grpc_port, policy, token_file)
+    config = _config(engine.url, control_plane.grpc_port, policy, token_file, engine_key)
     agent = TelemetryAgent(config.agent, gpu_reader=_NoGpu(), tracer_provider=provider("agent"))
     await agent.start()
     exits.push_async_callback(agent.stop)
@@ -243,7 +251,13 @@ async def _call(
 async def test_no_key_or_secret_is_logged_traced_or_exported(
     stack: Stack, caplog: pytest.LogCaptureFixture
 ) -> None:
-    secrets = secrets_of(stack.config) | {WRONG_KEY, ADMIN_TOKEN, WRONG_ADMIN_TOKEN, KEY_C}
+    secrets = secrets_of(stack.config) | {
+        WRONG_KEY,
+        ADMIN_TOKEN,
+        WRONG_ADMIN_TOKEN,
+        KEY_C,
+        ENGINE_KEY,
+    }
     assert {KEY_A, KEY_B, KEY_A_FILE_ONLY, AGENT_POLICY_KEY} <= secrets
     # A tenant added at run time: its key travels to the gateways (as a digest) and is used.
     assert await _add_tenant_c(stack, WRONG_ADMIN_TOKEN) == grpc.StatusCode.UNAUTHENTICATED
@@ -279,6 +293,14 @@ async def test_no_key_or_secret_is_logged_traced_or_exported(
         metrics_url = f"http://127.0.0.1:{stack.control_plane.metrics_port}/metrics"
         async with session.get(metrics_url) as response:
             controlplane_metrics = await response.text()
+        async with session.get(f"{stack.engine.url}/metrics") as response:
+            engine_metrics = await response.text()
+        # The engine needs its key, which the gateways sent on each request above.
+        engine_chat = f"{stack.engine.url}/v1/chat/completions"
+        assert await _call(session, engine_chat, authorization=None, payload=chat) == 401
+        assert (
+            await _call(session, engine_chat, authorization=f"Bearer {KEY_A}", payload=chat) == 401
+        )
     pool_config = await _pool_config_text(stack)
     # Let the decisions that saw the requests finish and export their spans.
     version = stack.gateway.state.applied_version
@@ -301,6 +323,7 @@ async def test_no_key_or_secret_is_logged_traced_or_exported(
         assert secret not in logged, "a key was logged"
         assert secret not in gateway_metrics
         assert secret not in controlplane_metrics
+        assert secret not in engine_metrics
         assert secret not in pool_config
 
 

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 
 import aiohttp
 import openai
 import pytest
 
-from admission_gateway.gateway import AdmissionGateway
-from controlplane.server import ControlPlane
-from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig, parse_config
+from tests.integration.stack import Fleet, start_fleet
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +24,7 @@ QWEN = "qwen-7b"
 
 
 def _config(urls: dict[str, str], grpc_port: int) -> SlotshiftConfig:
+    """urls: pool -> its engine's URL."""
     tenant_a = {"name": "A", "api_keys": [KEY_A]}
     return parse_config(
         {
@@ -35,14 +33,14 @@ def _config(urls: dict[str, str], grpc_port: int) -> SlotshiftConfig:
                     "name": "llama",
                     "models": [LLAMA, "llama"],
                     "budget_slots": 8,
-                    "engine_url": urls[LLAMA],
+                    "engine_url": urls["llama"],
                     "tenants": [tenant_a, {"name": "B", "api_keys": [KEY_B]}],
                 },
                 {
                     "name": "qwen",
                     "models": [QWEN],
                     "budget_slots": 4,
-                    "engine_url": urls[QWEN],
+                    "engine_url": urls["qwen"],
                     "tenants": [tenant_a],
                 },
             ],
@@ -59,40 +57,14 @@ def _config(urls: dict[str, str], grpc_port: int) -> SlotshiftConfig:
     )
 
 
-@dataclass
-class _Fleet:
-    engines: dict[str, EngineSim]
-    control_plane: ControlPlane
-    gateways: list[AdmissionGateway]
-
-
 @pytest.fixture
-async def fleet() -> AsyncIterator[_Fleet]:
+async def fleet() -> AsyncIterator[Fleet]:
     async with AsyncExitStack() as exits:
-        engines = {}
-        base = _config({LLAMA: "http://127.0.0.1:1", QWEN: "http://127.0.0.1:1"}, 0)
-        for model in (LLAMA, QWEN):
-            settings = base.engine_sim.model_copy(update={"model_name": model})
-            engine = EngineSim(settings)
-            await engine.start()
-            exits.push_async_callback(engine.stop)
-            engines[model] = engine
-        urls = {model: engine.url for model, engine in engines.items()}
-        control_plane = ControlPlane(_config(urls, 0))
-        await control_plane.start()
-        exits.push_async_callback(control_plane.stop)
-        gateways = []
-        for index in range(2):
-            gateway = AdmissionGateway(
-                _config(urls, control_plane.grpc_port), gateway_id=f"gw-{index}"
-            )
-            await gateway.start()
-            exits.push_async_callback(gateway.stop)
-            gateways.append(gateway)
-        yield _Fleet(engines, control_plane, gateways)
+        models = {"llama": LLAMA, "qwen": QWEN}
+        yield await start_fleet(exits, _config, models, gateways=2)
 
 
-async def test_one_base_url_serves_both_models_to_the_openai_client(fleet: _Fleet) -> None:
+async def test_one_base_url_serves_both_models_to_the_openai_client(fleet: Fleet) -> None:
     gateway = fleet.gateways[0]
     async with openai.AsyncOpenAI(
         base_url=gateway.url + "/v1", api_key=KEY_A, max_retries=0
@@ -108,13 +80,13 @@ async def test_one_base_url_serves_both_models_to_the_openai_client(fleet: _Flee
                 model=model, prompt="hi", max_tokens=4, stream=True
             )
             assert [chunk async for chunk in stream]
-    completed = {model: engine.completed_count for model, engine in fleet.engines.items()}
-    assert completed == {LLAMA: 2, QWEN: 2}
+    completed = {pool: engine.completed_count for pool, engine in fleet.engines.items()}
+    assert completed == {"llama": 2, "qwen": 2}
     assert gateway.states["qwen"].tenants["A"].admission.counts().completed_total == 2
 
 
 async def test_a_tenant_reaches_only_its_models_and_unknown_ones_are_not_found(
-    fleet: _Fleet,
+    fleet: Fleet,
 ) -> None:
     gateway = fleet.gateways[1]
     async with openai.AsyncOpenAI(
@@ -129,11 +101,11 @@ async def test_a_tenant_reaches_only_its_models_and_unknown_ones_are_not_found(
             error = refused.value.body
             assert isinstance(error, dict)
             assert error["code"] == "model_not_found" and error["param"] == "model"
-    assert fleet.engines[QWEN].completed_count == 0
+    assert fleet.engines["qwen"].completed_count == 0
 
 
 async def test_no_model_goes_to_the_tenants_only_one_and_is_refused_with_several(
-    fleet: _Fleet,
+    fleet: Fleet,
 ) -> None:
     url = fleet.gateways[0].url + "/v1/completions"
     body = {"prompt": "hi", "max_tokens": 3}

@@ -9,15 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 
 import openai
 import pytest
 
-from admission_gateway.gateway import AdmissionGateway
-from controlplane.server import ControlPlane
-from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig, parse_config
+from tests.integration.stack import Fleet, start_fleet
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -54,34 +51,14 @@ def _config(urls: dict[str, str], grpc_port: int) -> SlotshiftConfig:
     )
 
 
-@dataclass
-class _Fleet:
-    engines: dict[str, EngineSim]
-    gateway: AdmissionGateway
-
-
 @pytest.fixture
-async def fleet() -> AsyncIterator[_Fleet]:
+async def fleet() -> AsyncIterator[Fleet]:
     async with AsyncExitStack() as exits:
-        unknown = {pool: "http://127.0.0.1:1" for pool in POOLS}
-        engines = {}
-        for pool, model in POOLS.items():
-            settings = _config(unknown, 0).engine_sim.model_copy(update={"model_name": model})
-            engines[pool] = EngineSim(settings)
-            await engines[pool].start()
-            exits.push_async_callback(engines[pool].stop)
-        urls = {pool: engine.url for pool, engine in engines.items()}
-        control_plane = ControlPlane(_config(urls, 0))
-        await control_plane.start()
-        exits.push_async_callback(control_plane.stop)
-        gateway = AdmissionGateway(_config(urls, control_plane.grpc_port), gateway_id="gw-0")
-        await gateway.start()
-        exits.push_async_callback(gateway.stop)
-        yield _Fleet(engines, gateway)
+        yield await start_fleet(exits, _config, POOLS)
 
 
 async def test_a_lost_replica_is_routed_around_and_the_other_model_never_fails(
-    fleet: _Fleet,
+    fleet: Fleet,
 ) -> None:
     outcomes: dict[str, list[str]] = {SMALL: [], LARGE: []}
     stop = asyncio.Event()
@@ -98,7 +75,7 @@ async def test_a_lost_replica_is_routed_around_and_the_other_model_never_fails(
 
     async with (
         openai.AsyncOpenAI(
-            base_url=fleet.gateway.url + "/v1", api_key=KEY, max_retries=0
+            base_url=fleet.gateways[0].url + "/v1", api_key=KEY, max_retries=0
         ) as client,
         asyncio.TaskGroup() as users,
     ):

@@ -1,6 +1,7 @@
 """A small OpenAI-like upstream for the gateway tests (not the emulator: just enough to probe).
 
-It answers /v1/completions, /v1/chat/completions (streamed or not) and /v1/models, counts the
+It answers /v1/completions, /v1/chat/completions (streamed or not), /v1/models and /tokenize
+(one id per character), counts the
 requests it holds at once per tenant (tests name the tenant in the body's `user` field), records
 the headers it receives, and can be told to fail in the ways an engine fails.
 """
@@ -48,6 +49,7 @@ class FakeEngine:
                 web.post("/v1/completions", self._generate),
                 web.post("/v1/chat/completions", self._generate),
                 web.get("/v1/models", self._models),
+                web.post("/tokenize", self._tokenize),
             ]
         )
         # handler_cancellation, like vLLM: a dropped connection aborts the request.
@@ -64,6 +66,12 @@ class FakeEngine:
     async def _models(self, request: web.Request) -> web.StreamResponse:
         self.headers_seen.append(dict(request.headers))
         return web.json_response({"object": "list", "data": [{"id": "fake", "object": "model"}]})
+
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        self.headers_seen.append(dict(request.headers))
+        prompt = str((await request.json()).get("prompt", ""))
+        tokens = [ord(c) for c in prompt]
+        return web.json_response({"count": len(tokens), "max_model_len": 512, "tokens": tokens})
 
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.headers_seen.append(dict(request.headers))

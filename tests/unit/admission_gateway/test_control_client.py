@@ -12,7 +12,8 @@ import grpc
 import pytest
 import pytest_asyncio
 
-from admission_gateway.control_client import ControlClient, _FiguresSent
+from admission_gateway.control_client import ControlClient
+from admission_gateway.control_session import _FiguresSent
 from admission_gateway.gateway_state import GatewayState
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import ManualClock

@@ -52,3 +52,20 @@ def test_negative_latencies_count_as_zero() -> None:
 def test_bad_bounds_are_refused(samples: int, age: float) -> None:
     with pytest.raises(ValueError, match="must be"):
         LatencyWindow(ManualClock(), max_samples=samples, max_age_s=age)
+
+
+def test_the_summary_follows_every_change_of_the_window() -> None:
+    """Percentiles are kept between changes: a new observation, one ageing out and one pushed
+    out by the count each give a new summary."""
+    clock = ManualClock()
+    window = LatencyWindow(clock, max_samples=3, max_age_s=10)
+    window.observe(1.0)
+    assert window.percentiles().p99_ms == 1000.0
+    window.observe(4.0)
+    assert (window.percentiles().count, window.percentiles().p99_ms) == (2, 4000.0)
+    clock.advance(6)
+    window.observe(2.0)
+    window.observe(3.0)  # pushes the 1.0 out
+    assert (window.percentiles().count, window.percentiles().p50_ms) == (3, 3000.0)
+    clock.advance(5)  # 4.0 ages out
+    assert (window.percentiles().count, window.percentiles().p99_ms) == (2, 3000.0)

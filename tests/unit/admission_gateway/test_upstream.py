@@ -21,7 +21,7 @@ from typing import Any, Literal
 import aiohttp
 import pytest
 import pytest_asyncio
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from admission_gateway.upstream import EngineClient, _Attempt, _never_received
 from slotshift.config import GatewayConfig
@@ -54,6 +54,8 @@ class Engine:
     idle_closed: threading.Event = field(default_factory=threading.Event)
     connections: int = 0
     received: list[bytes] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)
+    """The Authorization header of each request read (None: it had none)."""
     port: int = 0
     _server: asyncio.Server | None = None
     _together: asyncio.Event = field(default_factory=asyncio.Event)
@@ -141,10 +143,14 @@ class Engine:
         except asyncio.IncompleteReadError:
             return False
         length = 0
+        authorization = None
         for line in head.split(b"\r\n"):
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value)
+            if name.strip().lower() == b"authorization":
+                authorization = value.strip().decode()
+        self.authorizations.append(authorization)
         self.received.append(await reader.readexactly(length))
         return True
 
@@ -368,6 +374,27 @@ async def test_when_every_pooled_connection_is_stale_the_retry_goes_out_on_a_new
         response.release()
     # Both pooled connections were tried (the engine read nothing on them), then a third.
     assert (prompts(engine), engine.connections) == (["a", "b", "c"], 3)
+
+
+async def test_the_retry_on_a_new_connection_carries_the_engines_key_too(
+    start_engine: Callable[..., Any],
+) -> None:
+    engine = await start_engine(answer_together=2, then="fin")
+    key = SecretStr("engine-key-retry")
+    async with EngineClient(engine_ssl=True, keepalive_timeout_s=60, api_key=key) as client:
+        await _pool_two_connections(client, engine)
+        response = await client.send(
+            "POST",
+            engine.url,
+            data=b'{"prompt": "c"}',
+            headers={"Authorization": "Bearer client-key"},
+            client_timeout=TIMEOUT,
+        )
+        assert response.status == 200
+        response.release()
+    # The third request was read once, on the retry's own connection, with the engine's key.
+    assert (prompts(engine), engine.connections) == (["a", "b", "c"], 3)
+    assert engine.authorizations == ["Bearer engine-key-retry"] * 3
 
 
 def test_the_engine_client_refuses_a_keepalive_that_is_not_positive() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine_sim.tokens import (
+    BATCH_MIN,
     CONTEXT_HASH_START,
     EOS_TOKEN_ID,
     VOCAB_SIZE,
@@ -17,7 +18,10 @@ from engine_sim.tokens import (
     eos_threshold,
     extend_hash,
     next_token_id,
+    ordinary_chain,
+    ordinary_chains,
     pseudo_eos_mean_tokens,
+    sample_ordinary,
     synthetic_prompt_ids,
     text_token_ids,
     token_text,
@@ -93,3 +97,48 @@ def test_synthetic_prompts_are_reproducible_and_distinct() -> None:
     assert synthetic_prompt_ids("a", 30) == synthetic_prompt_ids("a", 30)
     assert synthetic_prompt_ids("a", 30)[0] != synthetic_prompt_ids("b", 30)[0]
     assert len(synthetic_prompt_ids("a", 7)) == 7
+
+
+@pytest.mark.parametrize(
+    ("tokens", "count", "block_size"),
+    [
+        pytest.param(100, 0, 16, id="no-token"),
+        pytest.param(100, 1, 16, id="one-token"),
+        pytest.param(15, 1, 16, id="one-token-fills-a-block"),
+        pytest.param(32, 70, 16, id="from-a-boundary-over-four-blocks"),
+        pytest.param(7, 50, 1, id="every-token-fills-a-block"),
+        pytest.param(1000, 333, 3, id="odd-block-size"),
+    ],
+)
+def test_the_ordinary_chain_is_token_after_token(tokens: int, count: int, block_size: int) -> None:
+    start = context_hash(range(tokens))
+    state, expected_keys = start, []
+    for position in range(tokens + 1, tokens + count + 1):
+        state = extend_hash(state, next_token_id(state))
+        if position % block_size == 0:
+            expected_keys.append(state)
+    keys = [1, 2]  # appended to, not replaced
+    assert ordinary_chain(start, count, tokens, block_size, keys) == state
+    assert keys == [1, 2, *expected_keys]
+
+
+@pytest.mark.parametrize("contexts", [1, BATCH_MIN - 1, BATCH_MIN, 100])
+@pytest.mark.parametrize("count", [0, 1, 17, 40])
+def test_a_batch_of_chains_is_each_chain(contexts: int, count: int) -> None:
+    """ordinary_chains and sample_ordinary give, below and from BATCH_MIN contexts on (the
+    arrays' path), what ordinary_chain, next_token_id and extend_hash give one by one; the
+    hashes include the largest (2^61 - 2) and those that straddle 32 bits."""
+    edges = [(1 << 61) - 2, (1 << 32) - 1, 1 << 32, 0]
+    states = [*edges, *(context_hash(range(n)) for n in range(contexts))][:contexts]
+    tokens = [3 * n + 1 for n in range(contexts)]
+    expected_keys: list[list[int]] = [[] for _ in states]
+    expected = [
+        ordinary_chain(state, count, held, 16, keys)
+        for state, held, keys in zip(states, tokens, expected_keys, strict=True)
+    ]
+    keys: list[list[int]] = [[] for _ in states]
+    assert ordinary_chains(states, count, tokens, 16, keys) == expected
+    assert keys == expected_keys
+    ids, extended = sample_ordinary(states)
+    assert ids == [next_token_id(s) for s in states]
+    assert extended == [extend_hash(s, t) for s, t in zip(states, ids, strict=True)]

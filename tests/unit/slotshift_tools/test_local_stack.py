@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slotshift.config import apply_overrides, load_config, parse_config
-from slotshift_tools.local_stack import HOST, StackPorts, write_config
+from slotshift_tools.local_stack import HOST, StackPorts, _engine_key_settings, write_config
 
 CONFIG = parse_config(
     {
@@ -61,3 +61,11 @@ def test_a_written_document_keeps_its_header(tmp_path: Path) -> None:
     path = tmp_path / "slotshift.yaml"
     write_config(path, {"pools": []}, header="# generated\n")
     assert path.read_text() == "# generated\npools: []\n"
+
+
+def test_an_emulator_the_stack_starts_requires_the_key_its_pool_sends() -> None:
+    keyed = CONFIG.pools[0].model_copy(update={"engine_api_key_file": "/run/engine-key"})
+    assert _engine_key_settings(keyed, None) == ["engine_sim.api_key_file=/run/engine-key"]
+    # The emulator's own key file, where set, says which keys it takes.
+    assert _engine_key_settings(keyed, "/run/other-keys") == []
+    assert _engine_key_settings(CONFIG.pools[0], None) == []

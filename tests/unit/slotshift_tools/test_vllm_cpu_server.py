@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from slotshift.config import ConfigError
 from slotshift_tools.vllm_cpu.environment import VllmCpuPaths
 from slotshift_tools.vllm_cpu.server import VllmServer, VllmServerSettings
 
@@ -50,3 +53,44 @@ def test_aliases_follow_the_served_model_name() -> None:
     at = command.index("--served-model-name")
     assert command[at + 1 : at + 4] == ["org/model", "model", "m"]
     assert command[at + 4].startswith("--")
+
+
+def _environment(tmp_path: Path, key: str | None, base: dict[str, str]) -> dict[str, str]:
+    key_file = None
+    if key is not None:
+        key_file = tmp_path / "engine-api-key"
+        key_file.write_text(f"# the engine's key\n{key}\n")
+    server = VllmServer(
+        VllmCpuPaths(Path("/checkout")),
+        Path("/checkout/.cache/vllm-cpu-model"),
+        VllmServerSettings(port=8123, api_key_file=key_file),
+    )
+    return server.environment(base)
+
+
+def test_the_api_key_goes_to_vllm_in_its_environment_not_on_the_command_line(
+    tmp_path: Path,
+) -> None:
+    env = _environment(tmp_path, "sk-cpu-vllm-key", {"PATH": "/usr/bin"})
+    # vLLM takes VLLM_API_KEY when --api-key is absent; the command line is for `ps` to show.
+    assert env["VLLM_API_KEY"] == "sk-cpu-vllm-key"
+    assert "--api-key" not in _command()
+
+
+def test_without_a_key_file_no_key_is_passed_on_whatever_the_callers_environment(
+    tmp_path: Path,
+) -> None:
+    env = _environment(tmp_path, None, {"PATH": "/usr/bin", "VLLM_API_KEY": "leaked"})
+    assert "VLLM_API_KEY" not in env
+
+
+def test_a_key_file_without_a_key_is_refused(tmp_path: Path) -> None:
+    key_file = tmp_path / "engine-api-key"
+    key_file.write_text("\n")
+    server = VllmServer(
+        VllmCpuPaths(Path("/checkout")),
+        Path("/checkout/.cache/vllm-cpu-model"),
+        VllmServerSettings(port=8123, api_key_file=key_file),
+    )
+    with pytest.raises(ConfigError, match="holds no token"):
+        server.environment({})

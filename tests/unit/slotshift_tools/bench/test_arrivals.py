@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 
 import pytest
@@ -17,6 +18,7 @@ from slotshift_tools.bench.arrivals import (
     on_at,
     on_windows,
     tenant_rng,
+    uniform_ids,
 )
 from slotshift_tools.bench.scenario import (
     ClosedLoopArrival,
@@ -111,3 +113,15 @@ def test_request_shapes_are_exact_and_repeat_with_the_seed() -> None:
         assert shape.max_tokens == 64
         low, high = PROMPT_TOKEN_ID_RANGE
         assert all(low <= t < high for t in shape.prompt_token_ids)
+
+
+@pytest.mark.parametrize(
+    ("low", "high"),
+    [PROMPT_TOKEN_ID_RANGE, (0, 1), (5, 6), (0, 1 << 20), (3, (1 << 20) + 1), (-7, 93)],
+)
+def test_uniform_ids_are_randranges_draws(low: int, high: int) -> None:
+    """The same values as randrange from the same generator state, and the generator left in
+    the same state (what comes after the prompt does not move)."""
+    ours, theirs = random.Random(11), random.Random(11)
+    assert uniform_ids(ours, low, high, 2000) == [theirs.randrange(low, high) for _ in range(2000)]
+    assert ours.random() == theirs.random()

@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from admission_gateway.control_session import ControlSession
 from controlplane.core import placement, policies
 from controlplane.core.static_policy import StaticPolicy
+from controlplane.pool_state import PoolState
 from slotshift_tools.bench.scenario import Scenario, load_scenario
 from slotshift_tools.twin.command import simulate_scenario
 from slotshift_tools.twin.settings import TwinSettings
@@ -56,6 +58,45 @@ def test_it_runs_the_production_policies(monkeypatch: pytest.MonkeyPatch) -> Non
     )
 
 
+def _never_published(self: PoolState, **_: object) -> None:
+    return None
+
+
+async def _never_applied(self: ControlSession, *_: object) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("owner", "name", "replacement"),
+    [
+        pytest.param(PoolState, "reconcile", _never_published, id="the control plane's state"),
+        pytest.param(ControlSession, "_on_allocation", _never_applied, id="the gateway's session"),
+    ],
+)
+def test_it_runs_the_production_control_plane_and_control_session(
+    monkeypatch: pytest.MonkeyPatch, owner: type, name: str, replacement: object
+) -> None:
+    """With the production PoolState publishing nothing, or the production control session
+    applying nothing it is pushed, the gateways keep their fallback split: the demand policy's
+    decisions reach no gateway, and its run's figures are static's."""
+    scenario = _short_seed("static", "demand")
+    before = _served(_totals(scenario))
+    assert before["demand"] != before["static"]
+    monkeypatch.setattr(owner, name, replacement)
+    after = _served(_totals(scenario))
+    assert after["demand"] == after["static"]
+
+
+def _served(totals: dict[str, object]) -> dict[str, tuple[object, ...]]:
+    """What each run served (its decisions' counts aside: they are the policy's own)."""
+    fields = ("completed", "output_throughput", "median_ttft_ms", "p99_e2el_ms", "failed")
+    served: dict[str, tuple[object, ...]] = {}
+    for run, total in totals.items():
+        assert isinstance(total, dict)
+        served[run] = tuple(total[field] for field in fields)
+    return served
+
+
 def _completed_at(scenario: Scenario, gateway: int) -> int:
     result = simulate_scenario(scenario, steady_s=8.0, warmup_s=2.0)["static"].result
     return sum(1 for t in result.traces if t.gateway == gateway and t.status.value == "ok")
@@ -70,7 +111,8 @@ def test_it_runs_the_production_placement(monkeypatch: pytest.MonkeyPatch) -> No
         limits: placement.Counts, demand: placement.Counts
     ) -> placement.Counts:
         targets = np.zeros_like(split(limits, demand))
-        targets[0] = limits
+        if len(targets):  # the first decision comes before any gateway has connected
+            targets[0] = limits
         return targets
 
     monkeypatch.setattr(placement, "split_targets", everything_at_the_first_gateway)

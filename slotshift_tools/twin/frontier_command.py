@@ -1,0 +1,371 @@
+"""`slotshift simulate SCENARIO.yaml --frontier`: F(a) for a range of a (the best simulated
+schedule and the upper bound, slotshift_tools/twin/frontier.py), with where each of the
+scenario's policies lands in the twin (its output throughput and its minimum per-tenant SLO
+attainment, from the same request records by the same functions), printed as a table and
+written as frontier.json and frontier.png in the output folder."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from matplotlib.figure import Figure
+
+from slotshift.config import ConfigError
+from slotshift_tools.bench.command import default_out_dir, scaled_warmup_s
+from slotshift_tools.bench.scenario import POOL_BASELINE, Scenario, ScenarioError, load_scenario
+from slotshift_tools.bench.stats import Window
+from slotshift_tools.bench.trace import RequestTrace
+from slotshift_tools.twin.command import simulate_scenario
+from slotshift_tools.twin.frontier import (
+    DEFAULT_LEVELS,
+    FrontierPoint,
+    FrontierProblem,
+    OracleRun,
+    attainment,
+    candidate_schedules,
+    feasible_at,
+    frontier_points,
+    frontier_problem,
+    min_attainment,
+    output_throughput,
+    search,
+    throughput_bound,
+)
+from slotshift_tools.twin.settings import TwinSettings
+
+
+@dataclass(frozen=True)
+class PolicyPoint:
+    """Where one of the scenario's runs lands, from its twin run's request records."""
+
+    name: str
+    output_tok_s: float
+    attainment: dict[str, float | None]
+    frontier_tok_s: float | None
+    """F at the run's own minimum attainment (the best candidate reaching it)."""
+
+    @property
+    def min_attainment(self) -> float:
+        return min_attainment(self.attainment)
+
+    @property
+    def ratio(self) -> float | None:
+        """output / F(its own attainment)."""
+        if self.frontier_tok_s is None or self.frontier_tok_s == 0:
+            return None
+        return self.output_tok_s / self.frontier_tok_s
+
+
+@dataclass(frozen=True)
+class FrontierResult:
+    """Everything `--frontier` reports for one scenario."""
+
+    scenario: str
+    points: list[FrontierPoint]
+    runs: list[OracleRun]
+    skipped: int
+    """Candidates left out when the CPU budget ran out."""
+    bound_without_pausing_tok_s: float
+    bound_carry_in_tok_s: float
+    bound_inside_tok_s: float
+    policies: list[PolicyPoint]
+    cpu_s: float
+
+
+def simulate_policies(
+    scenario: Scenario,
+    problem: FrontierProblem,
+    *,
+    overrides: dict[str, Any] | None = None,
+    settings: TwinSettings | None = None,
+) -> dict[str, tuple[list[RequestTrace], Window]]:
+    """Each of the scenario's runs in the twin (with the command line's `overrides`) over the
+    problem's window: its request records and window."""
+    simulated = simulate_scenario(
+        scenario,
+        steady_s=problem.steady_s,
+        warmup_s=problem.warmup_s,
+        overrides=overrides,
+        settings=settings,
+    )
+    return {name: (run.result.traces, run.result.window) for name, run in simulated.items()}
+
+
+def place(
+    name: str,
+    traces: list[RequestTrace],
+    window: Window,
+    problem: FrontierProblem,
+    runs: Sequence[OracleRun],
+) -> PolicyPoint:
+    """Where a run lands: its output throughput and attainment by the oracle's own functions,
+    and F at its own minimum attainment."""
+    per_tenant = attainment(traces, window, problem.slos)
+    best = feasible_at(runs, min_attainment(per_tenant))
+    return PolicyPoint(
+        name=name,
+        output_tok_s=output_throughput(traces, window),
+        attainment=per_tenant,
+        frontier_tok_s=None if best is None else best.output_throughput,
+    )
+
+
+def compute_frontier(
+    scenario: Scenario,
+    problem: FrontierProblem,
+    *,
+    levels: Sequence[float] = DEFAULT_LEVELS,
+    cpu_budget_s: float = 600.0,
+    quick: bool = False,
+    with_policies: bool = True,
+    overrides: dict[str, Any] | None = None,
+    settings: TwinSettings | None = None,
+    progress: TextIO | None = None,
+) -> FrontierResult:
+    """Search the candidates within `cpu_budget_s` of CPU (the policies' twin runs are extra),
+    bound them, and place the policies."""
+    started = time.process_time()
+
+    def report(run: OracleRun) -> None:
+        if progress is not None:
+            print(
+                f"  {run.schedule.name:28s} {run.output_throughput:8.0f} tok/s  "
+                f"min attainment {run.min_attainment:.3f}  ({run.cpu_s:.1f} s)",
+                file=progress,
+            )
+
+    # The policies' twin runs first: they take seconds, and a twin that fails should fail
+    # before minutes of search.
+    simulated = (
+        simulate_policies(scenario, problem, overrides=overrides, settings=settings)
+        if with_policies
+        else {}
+    )
+    runs, skipped = search(
+        problem,
+        candidate_schedules(problem, quick=quick),
+        cpu_budget_s=cpu_budget_s,
+        progress=report,
+    )
+    with_pausing = throughput_bound(problem, pausing=True)
+    without = throughput_bound(problem, pausing=False)
+    bound = max(with_pausing.total_tok_s, without.total_tok_s)
+    points = frontier_points(runs, bound, levels)
+    policies = [
+        place(name, traces, window, problem, runs) for name, (traces, window) in simulated.items()
+    ]
+    return FrontierResult(
+        scenario=scenario.name,
+        points=points,
+        runs=runs,
+        skipped=skipped,
+        bound_without_pausing_tok_s=without.total_tok_s,
+        bound_carry_in_tok_s=with_pausing.carry_in_tok_s,
+        bound_inside_tok_s=with_pausing.inside_tok_s,
+        policies=policies,
+        cpu_s=time.process_time() - started,
+    )
+
+
+def result_document(result: FrontierResult) -> dict[str, Any]:
+    """frontier.json's content."""
+    return {
+        "scenario": result.scenario,
+        "cpu_s": result.cpu_s,
+        "candidates_skipped": result.skipped,
+        "bound": {
+            "total_tok_s": result.points[0].bound_tok_s if result.points else None,
+            "without_pausing_tok_s": result.bound_without_pausing_tok_s,
+            "carry_in_tok_s": result.bound_carry_in_tok_s,
+            "inside_tok_s": result.bound_inside_tok_s,
+        },
+        "frontier": [
+            {
+                "level": p.level,
+                "feasible_tok_s": p.feasible_tok_s,
+                "schedule": p.schedule,
+                "bound_tok_s": p.bound_tok_s,
+                "gap": p.gap,
+            }
+            for p in result.points
+        ],
+        "candidates": [
+            {
+                **run.schedule.describe(),
+                "output_tok_s": run.output_throughput,
+                "attainment": run.attainment,
+                "min_attainment": run.min_attainment,
+                "max_in_engine": run.max_in_engine,
+                "max_limits_sum": run.max_limits_sum,
+                "pauses": run.pauses,
+                "cpu_s": run.cpu_s,
+            }
+            for run in result.runs
+        ],
+        "policies": [
+            {
+                "name": p.name,
+                "output_tok_s": p.output_tok_s,
+                "attainment": p.attainment,
+                "min_attainment": p.min_attainment,
+                "frontier_tok_s": p.frontier_tok_s,
+                "ratio": p.ratio,
+            }
+            for p in result.policies
+        ],
+    }
+
+
+def markdown(result: FrontierResult) -> str:
+    """The tables the command prints."""
+    lines = [
+        f"F(a) on {result.scenario} (output tok/s; bound {result.points[0].bound_tok_s:,.0f} = "
+        f"{result.bound_inside_tok_s:,.0f} inside the window + {result.bound_carry_in_tok_s:,.0f} "
+        "carry-in)",
+        "",
+        "| a | F(a) feasible | schedule | bound | gap |",
+        "| ---: | ---: | --- | ---: | ---: |",
+    ]
+    for p in result.points:
+        feasible = "-" if p.feasible_tok_s is None else f"{p.feasible_tok_s:,.0f}"
+        gap = "-" if p.gap is None else f"{100 * p.gap:.1f}%"
+        lines.append(
+            f"| {p.level:.2f} | {feasible} | {p.schedule or '-'} | {p.bound_tok_s:,.0f} | {gap} |"
+        )
+    if result.policies:
+        lines += [
+            "",
+            "| run | output tok/s | min attainment | per tenant | F(own a) | ratio |",
+            "| --- | ---: | ---: | --- | ---: | ---: |",
+        ]
+        for q in result.policies:
+            tenants = ", ".join(
+                f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in q.attainment.items()
+            )
+            frontier = "-" if q.frontier_tok_s is None else f"{q.frontier_tok_s:,.0f}"
+            ratio = "-" if q.ratio is None else f"{q.ratio:.3f}"
+            note = (
+                " (no per-tenant limits: outside the schedules' space)"
+                if q.name == POOL_BASELINE
+                else ""
+            )
+            lines.append(
+                f"| {q.name}{note} | {q.output_tok_s:,.0f} | {q.min_attainment:.3f} | {tenants} "
+                f"| {frontier} | {ratio} |"
+            )
+    if result.skipped:
+        lines.append(f"\n{result.skipped} candidates left out: the CPU budget ran out")
+    return "\n".join(lines)
+
+
+def plot(result: FrontierResult, path: Path) -> None:
+    """The frontier curve (feasible, a step function of a), the bound, every candidate and
+    each policy's point, throughput against minimum attainment."""
+    figure = Figure(figsize=(7.5, 4.8))
+    axes = figure.subplots()
+    axes.scatter(
+        [r.min_attainment for r in result.runs],
+        [r.output_throughput for r in result.runs],
+        s=10,
+        color="tab:gray",
+        alpha=0.5,
+        label="candidate schedules",
+    )
+    feasible = [p for p in result.points if p.feasible_tok_s is not None]
+    axes.step(
+        [p.level for p in feasible],
+        [p.feasible_tok_s or 0.0 for p in feasible],
+        where="post",
+        color="tab:blue",
+        label="F(a), feasible",
+    )
+    levels = [p.level for p in result.points]
+    axes.plot(
+        levels, [p.bound_tok_s for p in result.points], "--", color="tab:red", label="upper bound"
+    )
+    axes.plot(
+        levels,
+        [result.bound_inside_tok_s] * len(levels),
+        ":",
+        color="tab:red",
+        label="bound without the carry-in term (not a bound)",
+    )
+    markers = "osD^vP*X"
+    for index, q in enumerate(result.policies):
+        axes.scatter(
+            [q.min_attainment],
+            [q.output_tok_s],
+            marker=markers[index % len(markers)],
+            s=60,
+            label=q.name,
+            zorder=3,
+        )
+    axes.set_xlabel("minimum per-tenant SLO attainment a")
+    axes.set_ylabel("total output throughput (tok/s)")
+    axes.set_title(f"{result.scenario}: the frontier F(a)")
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="lower left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def run_frontier(
+    scenario_path: Path,
+    *,
+    duration_s: float | None = None,
+    warmup_s: float | None = None,
+    out_dir: Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    cpu_budget_s: float = 600.0,
+    settings: TwinSettings | None = None,
+    out: TextIO = sys.stdout,
+) -> int:
+    """The `--frontier` command; its exit status (0 done, 2 a bad scenario or config)."""
+    try:
+        scenario = load_scenario(scenario_path)
+    except ScenarioError as exc:
+        print(f"slotshift simulate: invalid scenario: {exc}", file=sys.stderr)
+        return 2
+    if (duration_s is not None and duration_s <= 0) or (warmup_s is not None and warmup_s < 0):
+        print(
+            "slotshift simulate: --duration must be positive, --warmup not negative",
+            file=sys.stderr,
+        )
+        return 2
+    steady_s = duration_s if duration_s is not None else scenario.steady_s
+    warmup = warmup_s if warmup_s is not None else scaled_warmup_s(scenario, steady_s)
+    try:
+        problem = frontier_problem(
+            scenario, warmup_s=warmup, steady_s=steady_s, overrides=overrides
+        )
+    except ConfigError as exc:
+        print(f"slotshift simulate: {exc}", file=sys.stderr)
+        return 2
+    started = datetime.datetime.now(datetime.UTC)
+    folder = (
+        out_dir if out_dir is not None else default_out_dir(f"{scenario.name}-frontier", started)
+    )
+    print(f"frontier of {scenario.name}: simulating candidate schedules", file=out)
+    result = compute_frontier(
+        scenario,
+        problem,
+        cpu_budget_s=cpu_budget_s,
+        overrides=overrides,
+        settings=settings,
+        progress=out,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "frontier.json").write_text(
+        json.dumps(result_document(result), indent=2) + "\n", encoding="utf-8"
+    )
+    plot(result, folder / "frontier.png")
+    print(markdown(result), file=out)
+    print(f"frontier: {result.cpu_s:.0f} s of CPU; results: {folder}", file=out)
+    return 0
