@@ -25,10 +25,12 @@ RUN /opt/slotshift/bin/pip install --no-deps -c requirements/constraints.txt . \
     && /opt/slotshift/bin/slotshift --help > /dev/null
 
 FROM ${PYTHON_IMAGE}
-# The same uid as the Kubernetes manifests' runAsUser, so files mounted for it are readable here.
+# The same uid as the Kubernetes manifests' runAsUser, so files mounted for it are readable here;
+# /var/lib/slotshift is the control plane's state (a volume mounts there; new volumes copy its owner).
 RUN groupadd --system --gid 10001 slotshift \
     && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
-        --shell /usr/sbin/nologin slotshift
+        --shell /usr/sbin/nologin slotshift \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/slotshift
 COPY --from=builder /opt/slotshift /opt/slotshift
 # The root filesystem is read-only in the cluster: no bytecode written at run time (pip compiled
 # it at install), logs straight to stdout.

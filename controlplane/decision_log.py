@@ -5,6 +5,10 @@ them are what the previous decision saw and set. So the log keeps, for each deci
 tenants whose figures changed since the one before (and the limits that changed), and rebuilds
 whole records from those when asked: its memory is in proportion to what changed, and
 `newest(..., changes_only=True)` answers in that size too.
+
+Each entry can also go to a sink (`on_logged`: the state store's writer, controlplane/
+state_keeper.py), as stored, with every `keyframe_every`-th entry (and the first) whole: a
+reader of the store rebuilds whole records from the key frame before them (`rebuild`).
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from controlplane.core.snapshot import TelemetryView, TenantLoad
@@ -82,12 +86,17 @@ def same_figures(a: TenantLoad, b: TenantLoad) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class _Entry:
-    """One decision as stored: its record with only what changed, and the tenants that left."""
+class LoggedDecision:
+    """One decision as stored: its record with only what changed, and the tenants that left;
+    or, in a key frame, whole (every tenant, none gone): a reader starts again from it."""
 
     record: DecisionRecord
     inputs_gone: tuple[str, ...]
     outputs_gone: tuple[str, ...]
+    keyframe: bool = False
+
+
+_Entry = LoggedDecision
 
 
 class _Tenants:
@@ -98,6 +107,9 @@ class _Tenants:
         self.outputs: dict[str, int] = {}
 
     def apply(self, entry: _Entry) -> None:
+        if entry.keyframe:
+            self.inputs.clear()
+            self.outputs.clear()
         for name in entry.inputs_gone:
             self.inputs.pop(name, None)
         for name in entry.outputs_gone:
@@ -107,18 +119,42 @@ class _Tenants:
 
 
 class DecisionLog:
-    """The most recent decisions of one pool, bounded, stored as changes."""
+    """The most recent decisions of one pool, bounded, stored as changes.
 
-    def __init__(self, capacity: int) -> None:
+    first_id: the id of the first decision (a restarted control plane continues above the ids
+    it stored). on_logged: called with each entry as logged, on the caller's thread (it must not
+    block: the decision loop calls append), every `keyframe_every`-th of them and the first
+    whole (a key frame); None: entries stay in memory only.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        *,
+        first_id: int = 1,
+        on_logged: Callable[[LoggedDecision], None] | None = None,
+        keyframe_every: int = 64,
+    ) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
+        if keyframe_every < 1:
+            raise ValueError("keyframe_every must be at least 1")
         self._capacity = capacity
+        self._on_logged = on_logged
+        self._keyframe_every = keyframe_every
+        self._since_keyframe: int | None = None
+        """Entries sent to the sink since the last key frame; None: the next is one."""
         self._entries: deque[_Entry] = deque()
         self._base = _Tenants()
         """The tenants as they were before the oldest entry."""
         self._last = _Tenants()
         """The tenants as of the newest entry (what the next one is compared with)."""
-        self._next_id = 1
+        self._next_id = first_id
+
+    def request_keyframe(self) -> None:
+        """Send the next entry to the sink whole (the sink lost some: a reader must not rebuild
+        across the gap)."""
+        self._since_keyframe = None
 
     def next_id(self) -> int:
         """Reserve the id of the next decision."""
@@ -146,6 +182,19 @@ class DecisionLog:
         self._entries.append(entry)
         if len(self._entries) > self._capacity:
             self._base.apply(self._entries.popleft())
+        if self._on_logged is not None:
+            self._on_logged(self._for_sink(entry))
+
+    def _for_sink(self, entry: _Entry) -> LoggedDecision:
+        since = self._since_keyframe
+        if since is not None and since + 1 < self._keyframe_every:
+            self._since_keyframe = since + 1
+            return entry
+        self._since_keyframe = 0
+        whole = dataclasses.replace(
+            entry.record, inputs=dict(self._last.inputs), outputs=dict(self._last.outputs)
+        )
+        return LoggedDecision(whole, inputs_gone=(), outputs_gone=(), keyframe=True)
 
     def newest(self, limit: int, *, changes_only: bool = False) -> list[DecisionRecord]:
         """Up to `limit` records, newest first: whole, or with `changes_only` as stored (each
@@ -174,3 +223,27 @@ class DecisionLog:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def rebuild(
+    entries: Iterable[LoggedDecision], *, from_id: int, changes_only: bool = False
+) -> list[DecisionRecord]:
+    """The records of `entries` (stored ones, in id order, from a key frame on) whose id is at
+    least `from_id`, oldest first: whole (each tenant's figures and limit as of that decision),
+    or with `changes_only` as stored. Entries before the first key frame are rebuilt from
+    nothing: a reader that starts there sees only what they changed."""
+    state = _Tenants()
+    records: list[DecisionRecord] = []
+    for entry in entries:
+        state.apply(entry)
+        if entry.record.id < from_id:
+            continue
+        if changes_only:
+            records.append(entry.record)
+        else:
+            records.append(
+                dataclasses.replace(
+                    entry.record, inputs=dict(state.inputs), outputs=dict(state.outputs)
+                )
+            )
+    return records

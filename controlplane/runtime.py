@@ -86,8 +86,33 @@ class PoolRuntime:
         """Run `pool` (validated) from now on, with `key_digests` for its tenants: the state takes
         the config, the loop decides with its policy (and advisor), and a decision runs at once,
         its trigger naming the change (`what`)."""
+        version = self.state.replace_config(pool, key_digests)
+        self._decide_with(pool)
+        logger.info("pool %s config v%d: %s", pool.name, version, what)
+        return self.loop.decide_once(trigger=f"config v{version}: {what}")
+
+    def restore_config(
+        self, pool: PoolConfig, key_digests: Mapping[str, tuple[bytes, ...]], config_version: int
+    ) -> None:
+        """Before the pool serves: run `pool` (the config file with the stored admin changes on
+        top, controlplane/state_keeper.py) as config version `config_version`, without deciding
+        (the decision loop's first decision comes when it starts)."""
+        self.state.replace_config(pool, key_digests)
+        self.state.config_version = config_version
+        self._decide_with(pool)
+
+    def continue_versions_above(self, version: int) -> None:
+        """Before the pool serves: publish allocation versions above `version` from now on (a
+        restarted control plane continues above every version it published, so that no gateway
+        takes its updates for stale ones).
+
+        PoolState has no public setter for its counter yet; this is the one place that reaches
+        in, until PoolState grows one (`resume_versions_above`)."""
         state = self.state
-        version = state.replace_config(pool, key_digests)
+        state._version = max(state._version, version)
+
+    def _decide_with(self, pool: PoolConfig) -> None:
+        """The loop decides with `pool`'s policy (and its advisor) from now on."""
         if pool.policy == "agent":
             if self._advisor is None:
                 self._advisor = ChatAdvisor(pool, pool.agent_policy)
@@ -95,8 +120,6 @@ class PoolRuntime:
         if pool.policy != self.loop.policy.name:
             policy = make_policy(pool.policy, fallback=pool.agent_policy.fallback)
             self.loop.replace_policy(policy, self._advisor if policy.needs_advice else None)
-        logger.info("pool %s config v%d: %s", pool.name, version, what)
-        return self.loop.decide_once(trigger=f"config v{version}: {what}")
 
     async def close(self) -> None:
         """Release what it holds outside the process (the advisor's connections)."""

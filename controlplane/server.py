@@ -1,5 +1,5 @@
 """The control plane as one object: gRPC server, decision loops and /metrics, started and stopped
-in order."""
+in order; the state store opened, and the pools restored from it, before anything serves."""
 
 from __future__ import annotations
 
@@ -21,6 +21,9 @@ from controlplane.service.admin_service import PoolAdminService
 from controlplane.service.gateway_service import GatewayStreamService
 from controlplane.service.query_service import AllocationQueryService
 from controlplane.service.telemetry_service import TelemetryIngestService
+from controlplane.state_keeper import StateKeeper
+from controlplane.store.base import StateStore
+from controlplane.store.opening import store_from_config
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import ConfigError, SlotshiftConfig, read_secret_text
@@ -51,13 +54,15 @@ class ControlPlane:
     """Owns the pools' state and everything that serves it.
 
     tracer_provider: where its spans go (decisions, pushes, connections); no-op by default.
+    state_store: the store to keep state in, not yet opened (tests); by default the one
+    controlplane.state_store names. Either is opened by start() and closed by stop().
     decision_observers: called with every decision of every pool, after the metrics (the
     deterministic twin keeps its run's decisions so).
 
     Everything is built here from the config, nothing started: `start` opens the servers and
     spawns each pool's decision loop and re-grants. The twin (slotshift_tools/twin) runs these
     same objects in one process on a virtual clock, without the servers: `pools`, `runtimes`
-    and `gateway_service` are its entry points.
+    and `gateway_service` are its entry points (no state store: nothing is restored or kept).
     """
 
     def __init__(
@@ -66,9 +71,13 @@ class ControlPlane:
         *,
         clock: Clock | None = None,
         tracer_provider: trace.TracerProvider | None = None,
+        state_store: StateStore | None = None,
         decision_observers: list[DecisionObserver] | None = None,
     ) -> None:
         self.config = config
+        self._store = state_store
+        self.keeper: StateKeeper | None = None
+        """The state keeper, once start() has opened the store and restored the pools."""
         self._clock = clock or SystemClock()
         provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
         self._tracer = provider.get_tracer("slotshift.controlplane")
@@ -111,10 +120,22 @@ class ControlPlane:
         self.metrics_port = 0
 
     async def start(self) -> None:
+        """Open the state store and restore the pools (nothing serves before), then serve:
+        gRPC, /metrics, the decision loops. A start that fails stops what it started (the
+        store closed too) and raises."""
+        keeper = await self._restore()
+        try:
+            await self._serve(keeper)
+        except BaseException:
+            # A half-started control plane must not leave its server or its store behind.
+            await self.stop()
+            raise
+
+    async def _serve(self, keeper: StateKeeper) -> None:
         settings = self.config.controlplane
         server = grpc.aio.server()
         query_pb2_grpc.add_AllocationServiceServicer_to_server(
-            AllocationQueryService(self.pools), server
+            AllocationQueryService(self.pools, history=keeper.history), server
         )
         gateway_pb2_grpc.add_GatewayServiceServicer_to_server(self.gateway_service, server)
         telemetry_pb2_grpc.add_TelemetryServiceServicer_to_server(
@@ -128,7 +149,13 @@ class ControlPlane:
         )
         admin_token = await asyncio.to_thread(_read_admin_token, settings.admin_token_file)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
-            PoolAdminService(self.runtimes, admin_token=admin_token),
+            PoolAdminService(
+                self.runtimes,
+                admin_token=admin_token,
+                record=keeper.record_change,
+                file_pools={pool.name: pool for pool in self.config.pools},
+                clock=self._clock,
+            ),
             server,
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -143,14 +170,10 @@ class ControlPlane:
             raise OSError(f"cannot bind gRPC on {settings.grpc_host}:{settings.grpc_port}")
         await server.start()
         self._server = server
-        try:
-            self._metrics_runner = await self._start_metrics(
-                settings.grpc_host, settings.metrics_port
-            )
-        except OSError:
-            # A half-started control plane must not leave its gRPC server behind.
-            await self.stop()
-            raise
+        self._metrics_runner = await self._start_metrics(settings.grpc_host, settings.metrics_port)
+        self._tasks.spawn("state-store/decisions", keeper.write_decisions())
+        self._tasks.spawn("state-store/versions", keeper.keep_versions_ahead())
+        self._tasks.spawn("state-store/retention", keeper.apply_retention())
         for name, runtime in self.runtimes.items():
             self._tasks.spawn(f"decision-loop/{name}", runtime.decisions())
             self._tasks.spawn(f"regrants/{name}", runtime.regrants())
@@ -164,6 +187,30 @@ class ControlPlane:
             self.metrics_port,
             sorted(self.pools),
         )
+
+    async def _restore(self) -> StateKeeper:
+        """Open the state store and restore the pools from it: StoreError, or TimeoutError
+        after connect_timeout_s, when it cannot be opened or read; ConfigError when its settings
+        are wrong (the store is closed again then)."""
+        settings = self.config.controlplane
+        store = self._store or await store_from_config(settings.state_store)
+        try:
+            async with asyncio.timeout(settings.state_store.connect_timeout_s):
+                await store.open()
+            keeper = StateKeeper(
+                store,
+                settings.state_store,
+                file_pools={pool.name: pool for pool in self.config.pools},
+                runtimes=self.runtimes,
+                clock=self._clock,
+                decision_log_size=settings.decision_log_size,
+            )
+            await keeper.restore()
+        except BaseException:
+            await store.close()
+            raise
+        self.keeper = keeper
+        return keeper
 
     async def _start_metrics(self, host: str, port: int) -> web.AppRunner:
         async def metrics(_: web.Request) -> web.Response:
@@ -199,6 +246,9 @@ class ControlPlane:
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
+        if self.keeper is not None:
+            await self.keeper.close()
+            self.keeper = None
         logger.info("controlplane stopped")
 
 

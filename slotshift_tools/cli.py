@@ -1,4 +1,5 @@
-"""The `slotshift` command: one subcommand per service, plus `up` for the local stack.
+"""The `slotshift` command: one subcommand per service, `up` for the local stack, `state` for
+the control plane's state store.
 
 Environment variables and flags are read here and nowhere else; they become config overrides
 (`--set section.field=value`, values parsed as YAML) before the services see the config.
@@ -114,6 +115,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the engine to start: the emulator, or real vLLM on the CPU with a tiny local model "
         "(slotshift_tools/vllm_cpu; builds its venv the first time); default local_stack.engine",
     )
+    state = commands.add_parser(
+        "state",
+        parents=[common],
+        help="show or reset what the control plane's state store holds over the config file",
+    )
+    state.add_argument(
+        "action",
+        choices=["show", "reset"],
+        help="show: the stored admin changes and counters; reset: delete the stored changes "
+        "(stop the control plane first; the next start runs the config file as it is)",
+    )
+    state.add_argument("--pool", help="only this pool (default: every pool)")
     _add_bench_parser(commands)
     _add_simulate_parser(commands)
     return parser
@@ -270,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"slotshift: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    if args.command == "state":
+        from slotshift_tools.state_command import run_state
+
+        return run_state(config, args.action, pool=args.pool)
     if args.command == "up":
         from slotshift_tools.local_stack import run_local_stack
 

@@ -1,13 +1,17 @@
-"""Suite-wide fixtures: every async test fails if it leaves an asyncio task running."""
+"""Suite-wide fixtures: every async test fails if it leaves an asyncio task running; a
+PostgreSQL server for the tests that need one."""
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import AsyncIterator
+import subprocess
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import pytest_asyncio
+
+from tests.postgres import PG_ROOT, PostgresServer, postgres_bin_dir
 
 # Tasks a test may leave for its event loop's own teardown: grpc.aio's internal pollers.
 _TOLERATED_TASK_PREFIXES = ("grpc:",)
@@ -52,3 +56,22 @@ def _describe(task: asyncio.Task[object]) -> str:
     filename = getattr(getattr(coro, "cr_code", None), "co_filename", "")
     origin = "grpc" if f"{filename}".replace("\\", "/").count("/grpc/") else "test"
     return f"{origin}: {task.get_name()} {qualname} {filename}"
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A PostgreSQL server for the session (tests/postgres.py); skipped where Debian's
+    `postgresql` package is not installed (.ci/run installs it)."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        pytest.skip(f"PostgreSQL is not installed (no initdb under {PG_ROOT}/*/bin)")
+    server = PostgresServer(bin_dir)
+    try:
+        server.start()
+    except subprocess.CalledProcessError as exc:
+        server.stop()
+        raise RuntimeError(f"PostgreSQL did not start: {exc.stderr!r}") from exc
+    try:
+        yield server
+    finally:
+        server.stop()

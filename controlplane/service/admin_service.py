@@ -5,6 +5,11 @@ the running config is replaced only when the new one is valid. An accepted chang
 config version, is pushed to the gateways (the tenant directory, then a new allocation) and is
 decided on at once, so that the decision log records it (`trigger`: "config vN: ...").
 
+A change is an override of the config file (controlplane/core/overrides.py): it is stored
+(`record`: the state store, controlplane/state_keeper.py) before it applies, and answered only
+once stored, so that a restart brings it back; a store that cannot take it fails the call with
+UNAVAILABLE and nothing changes. Changes to one pool are made one at a time.
+
 Mutating RPCs need the admin token as `authorization: Bearer TOKEN` metadata, compared in
 constant time; with no token configured they are refused. API keys in requests are turned into
 SHA-256 digests at once and never logged, traced or returned.
@@ -12,25 +17,26 @@ SHA-256 digests at once and never logged, traced or returned.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol
 
 import grpc
 
 from controlplane.core.config_change import (
     ConfigChangeError,
     UnknownTenantError,
-    add_tenant,
     check_new_keys,
-    remove_tenant,
-    set_policy,
-    update_tenant,
 )
+from controlplane.core.overrides import Override, OverrideKind, apply, file_fields_of
 from controlplane.runtime import PoolRuntime
 from controlplane.service import convert
 from controlplane.service.lookup import find_pool
+from controlplane.store.base import ChangeConflict, StoreError
+from slotshift.clock import Clock, SystemClock
 from slotshift.config import PoolConfig
 from slotshift.keys import BearerError, bearer_token, key_digest
 from slotshift.v1 import admin_pb2, admin_pb2_grpc
@@ -38,14 +44,23 @@ from slotshift.v1 import admin_pb2, admin_pb2_grpc
 logger = logging.getLogger(__name__)
 
 _Context = grpc.aio.ServicerContext[object, object]
-_Change = tuple[PoolConfig, Mapping[str, tuple[bytes, ...]], str]
-"""A validated change: the new config, every tenant's key digests, and what changed in words."""
+
+
+class ChangeRecorder(Protocol):
+    """Where accepted changes are stored before they apply (controlplane/state_keeper.py)."""
+
+    def __call__(self, change: Override) -> Awaitable[None]:
+        """Store `change`; StoreError (ChangeConflict: its config version is taken) when it
+        cannot be."""
 
 
 class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
     """The admin API over the pools' runtimes (controlplane/runtime.py), which apply the changes.
 
     admin_token: the token mutating calls must present; None refuses them all.
+    record: stores each accepted change before it applies; None: changes live in memory only.
+    file_pools: the pools as the config file says (what each change records of the fields it
+    touches); by default the runtimes' pools as they are when the service is made.
     """
 
     def __init__(
@@ -53,21 +68,33 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         runtimes: Mapping[str, PoolRuntime],
         *,
         admin_token: str | None,
+        record: ChangeRecorder | None = None,
+        file_pools: Mapping[str, PoolConfig] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._runtimes = runtimes
         self._token_digest = None if admin_token is None else key_digest(admin_token)
+        self._record = record
+        self._file_pools = (
+            dict(file_pools)
+            if file_pools is not None
+            else {name: runtime.state.pool for name, runtime in runtimes.items()}
+        )
+        self._clock = clock or SystemClock()
+        self._locks = {name: asyncio.Lock() for name in runtimes}
 
     async def AddTenant(
         self, request: admin_pb2.AddTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         runtime = await self._authorized_runtime(request.pool, context)
-        state = runtime.state
 
-        def change() -> _Change:
+        def change() -> Override:
             name = _required("tenant", request.tenant)
-            digests = check_new_keys(name, request.api_keys, state.key_digests)
-            pool = add_tenant(state.pool, name, convert.settings_from_proto(request.settings))
-            return pool, {**state.key_digests, name: digests}, f"added tenant {name}"
+            digests = check_new_keys(name, request.api_keys, runtime.state.key_digests)
+            settings = convert.settings_from_proto(request.settings)
+            return self._override(
+                runtime, "add_tenant", tenant=name, settings=settings, key_digests=digests
+            )
 
         return await self._apply(runtime, change, context)
 
@@ -75,12 +102,10 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.RemoveTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         runtime = await self._authorized_runtime(request.pool, context)
-        state = runtime.state
 
-        def change() -> _Change:
+        def change() -> Override:
             name = _required("tenant", request.tenant)
-            pool = remove_tenant(state.pool, name)
-            return pool, state.key_digests, f"removed tenant {name}"
+            return self._override(runtime, "remove_tenant", tenant=name)
 
         return await self._apply(runtime, change, context)
 
@@ -88,16 +113,17 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.UpdateTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         runtime = await self._authorized_runtime(request.pool, context)
-        state = runtime.state
 
-        def change() -> _Change:
+        def change() -> Override:
             name = _required("tenant", request.tenant)
             settings = convert.settings_from_proto(request.settings)
-            pool = update_tenant(state.pool, name, settings, request.clear)
-            changed = [f"{k}={v}" for k, v in settings.items()]
-            changed += [f"{k} cleared" for k in request.clear]
-            what = f"updated tenant {name}: {', '.join(changed) or 'nothing'}"
-            return pool, state.key_digests, what
+            return self._override(
+                runtime,
+                "update_tenant",
+                tenant=name,
+                settings=settings,
+                clear=tuple(request.clear),
+            )
 
         return await self._apply(runtime, change, context)
 
@@ -105,14 +131,45 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.SetPolicyRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         runtime = await self._authorized_runtime(request.pool, context)
-        state = runtime.state
 
-        def change() -> _Change:
+        def change() -> Override:
             policy = _required("policy", request.policy)
-            pool = set_policy(state.pool, policy)
-            return pool, state.key_digests, f"policy {state.pool.policy} -> {policy}"
+            return self._override(runtime, "set_policy", policy=policy)
 
         return await self._apply(runtime, change, context)
+
+    def _override(
+        self,
+        runtime: PoolRuntime,
+        kind: OverrideKind,
+        *,
+        tenant: str = "",
+        settings: Mapping[str, float | int] | None = None,
+        clear: tuple[str, ...] = (),
+        policy: str = "",
+        key_digests: tuple[bytes, ...] = (),
+    ) -> Override:
+        """The change as an override of the config file, at the pool's next config version."""
+        settings = dict(settings or {})
+        state = runtime.state
+        return Override(
+            pool=state.pool.name,
+            config_version=state.config_version + 1,
+            kind=kind,
+            tenant=tenant,
+            settings=settings,
+            clear=clear,
+            policy=policy,
+            key_digests=key_digests,
+            file_fields=file_fields_of(
+                self._file_pools.get(state.pool.name, state.pool),
+                kind,
+                tenant=tenant,
+                settings=settings,
+                clear=clear,
+            ),
+            stored_at_wall_s=self._clock.wall(),
+        )
 
     async def GetPoolConfig(
         self, request: admin_pb2.GetPoolConfigRequest, context: _Context
@@ -121,18 +178,41 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         return convert.pool_config_to_proto(state.pool, state.config_version, state.key_digests)
 
     async def _apply(
-        self, runtime: PoolRuntime, change: Callable[[], _Change], context: _Context
+        self, runtime: PoolRuntime, change: Callable[[], Override], context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         state = runtime.state
-        try:
-            pool, digests, what = change()
-        except ConfigChangeError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise  # abort raises; this tells the type checker
-        except UnknownTenantError as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-            raise
-        record = runtime.change_config(pool, digests, what)
+        # One change of a pool at a time: each is built on the config the one before made, and
+        # stored under the version after it.
+        async with self._locks[runtime.name]:
+            try:
+                override = change()
+                pool, digests, what = apply(state.pool, state.key_digests, override)
+            except ConfigChangeError as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                raise  # abort raises; this tells the type checker
+            except UnknownTenantError as exc:
+                await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+                raise
+            if self._record is not None:
+                try:
+                    await self._record(override)
+                except ChangeConflict as exc:
+                    logger.error("pool %s: change not stored: %s", runtime.name, exc)
+                    await context.abort(
+                        grpc.StatusCode.ABORTED,
+                        f"config version {override.config_version} of pool {runtime.name} is "
+                        "stored already (changed elsewhere): nothing changed; read the config "
+                        "and try again",
+                    )
+                    raise
+                except StoreError as exc:
+                    logger.error("pool %s: change not stored: %s", runtime.name, exc)
+                    await context.abort(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "the state store cannot take the change: nothing changed; try again",
+                    )
+                    raise
+            record = runtime.change_config(pool, digests, what)
         return admin_pb2.ConfigChangeResponse(
             config=convert.pool_config_to_proto(pool, state.config_version, state.key_digests),
             decision_id=record.id,

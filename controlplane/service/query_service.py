@@ -1,24 +1,51 @@
-"""AllocationService: the read-only queries people and tools (grpcurl) make."""
+"""AllocationService: the read-only queries people and tools (grpcurl) make.
+
+GetDecisions answers from the pool's in-memory log (the newest decisions), or, when a since_*
+field or after_decision_id asks for history, from the state store (`history`,
+controlplane/state_keeper.py): what was decided before a restart too.
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from typing import Protocol
 
 import grpc
 
+from controlplane.decision_log import DecisionRecord
 from controlplane.pool_state import PoolState
 from controlplane.service import convert
 from controlplane.service.lookup import find_pool
+from controlplane.store.base import HistoryQuery, StoreError
 from slotshift.v1 import allocation_pb2, query_pb2, query_pb2_grpc
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_DECISIONS = 20
 
 
-class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
-    """Answers from the pools' state; never changes it."""
+class DecisionHistory(Protocol):
+    """The stored decisions of a pool (controlplane/state_keeper.py, StateKeeper.history)."""
 
-    def __init__(self, pools: Mapping[str, PoolState]) -> None:
+    async def __call__(
+        self, pool: str, query: HistoryQuery, *, changes_only: bool
+    ) -> list[DecisionRecord]:
+        """Oldest first; StoreError when the store cannot be read."""
+
+
+class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
+    """Answers from the pools' state; never changes it.
+
+    history: where GetDecisions reads history from; None: history requests are refused
+    (FAILED_PRECONDITION).
+    """
+
+    def __init__(
+        self, pools: Mapping[str, PoolState], *, history: DecisionHistory | None = None
+    ) -> None:
         self._pools = pools
+        self._history = history
 
     async def _pool(
         self, name: str, context: grpc.aio.ServicerContext[object, object]
@@ -81,10 +108,44 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
     ) -> query_pb2.GetDecisionsResponse:
         if request.limit < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "limit: must not be negative")
+        if request.since_version < 0 or request.since_wall_s < 0 or request.after_decision_id < 0:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "since_version, since_wall_s, after_decision_id: must not be negative",
+            )
         state = await self._pool(request.pool, context)
-        records = state.decisions.newest(
-            request.limit or DEFAULT_DECISIONS, changes_only=request.changes_only
-        )
+        limit = request.limit or DEFAULT_DECISIONS
+        if request.since_version or request.since_wall_s or request.after_decision_id:
+            records = await self._stored(state.pool.name, request, limit, context)
+        else:
+            records = state.decisions.newest(limit, changes_only=request.changes_only)
         return query_pb2.GetDecisionsResponse(
             decisions=[convert.decision_to_proto(state.pool, r) for r in records]
         )
+
+    async def _stored(
+        self,
+        pool: str,
+        request: query_pb2.GetDecisionsRequest,
+        limit: int,
+        context: grpc.aio.ServicerContext[object, object],
+    ) -> list[DecisionRecord]:
+        if self._history is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION, "no state store: no history to read"
+            )
+            raise AssertionError("abort raises")
+        query = HistoryQuery(
+            limit=limit,
+            since_version=request.since_version,
+            since_wall_s=request.since_wall_s,
+            after_decision_id=request.after_decision_id,
+        )
+        try:
+            return await self._history(pool, query, changes_only=request.changes_only)
+        except StoreError as exc:
+            logger.error("GetDecisions: cannot read the history of pool %s: %s", pool, exc)
+            await context.abort(
+                grpc.StatusCode.UNAVAILABLE, "the state store cannot be read; try again"
+            )
+            raise

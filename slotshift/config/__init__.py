@@ -10,7 +10,7 @@ PoolConfig`):
 - base: the model base, ConfigError, the shared field types;
 - tls: the TLS sections; pools: a pool and its tenants; policies: the policies' names and
   settings; preemption: pausing borrowed work; services: the control plane's, the gateways' and
-  the telemetry agent's sections; emulator: the vLLM emulator's; local_stack: `slotshift up`'s;
+  the telemetry agent's sections; state_store: the control plane's state store; emulator: the vLLM emulator's; local_stack: `slotshift up`'s;
   document: the whole file;
 - loading: the YAML file and its validation; overrides: `--set a.b=c`;
 - paths: the one rule for file paths (a `_file` field is relative to the config file's folder);
@@ -42,6 +42,7 @@ from slotshift.config.services import (
     GpuSelector,
     RequestLogConfig,
 )
+from slotshift.config.state_store import StateStoreConfig
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "ServerTlsConfig",
     "SloPolicyConfig",
     "SlotshiftConfig",
+    "StateStoreConfig",
     "TenantConfig",
     "apply_overrides",
     "load_config",

@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from slotshift.config.base import ConfigError
 from slotshift.config.document import SlotshiftConfig
-from slotshift.config.paths import with_resolved_paths
+from slotshift.config.paths import resolve_path, with_resolved_paths
 from slotshift.config.secrets import read_secret_text, revealed
+from slotshift.config.state_store import DEFAULT_SQLITE_NAME
 
 
 def validation_problems(exc: ValidationError) -> str:
@@ -41,7 +42,20 @@ def load_config(path: Path) -> SlotshiftConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     config = with_resolved_paths(parse_config(data, source=str(path)), path.parent)
-    return _with_key_files(config, source=str(path))
+    return _with_state_beside(_with_key_files(config, source=str(path)), path)
+
+
+def _with_state_beside(config: SlotshiftConfig, path: Path) -> SlotshiftConfig:
+    """The SQLite state store beside the config file where its file is unset: a config loaded
+    from a file keeps its state (a config built in code, with no file, keeps it in memory)."""
+    store = config.controlplane.state_store
+    if store.kind != "sqlite" or store.sqlite_file is not None:
+        return config
+    beside = resolve_path(DEFAULT_SQLITE_NAME, path.parent)
+    controlplane = config.controlplane.model_copy(
+        update={"state_store": store.model_copy(update={"sqlite_file": beside})}
+    )
+    return config.model_copy(update={"controlplane": controlplane})
 
 
 def _with_key_files(config: SlotshiftConfig, *, source: str) -> SlotshiftConfig:

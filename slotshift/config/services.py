@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from slotshift.config.base import ConfigModel, Name, Port, PositiveSeconds
+from slotshift.config.state_store import StateStoreConfig
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
 
@@ -58,6 +59,10 @@ class ControlPlaneConfig(ConfigModel):
     admin API's changes (AdminService, all but GetPoolConfig) need `authorization: Bearer TOKEN`.
     A relative path is relative to the config file's folder. Unset: the admin API refuses every
     change."""
+
+    state_store: StateStoreConfig = Field(default_factory=StateStoreConfig)
+    """What survives a restart (admin changes, the version counters, the decision history) and
+    where: a SQLite file by default, PostgreSQL for several replicas."""
 
 
 class RequestLogConfig(ConfigModel):

@@ -228,6 +228,9 @@ class GetDecisionsRequest(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     LIMIT_FIELD_NUMBER: _builtins.int
     CHANGES_ONLY_FIELD_NUMBER: _builtins.int
+    SINCE_VERSION_FIELD_NUMBER: _builtins.int
+    SINCE_WALL_S_FIELD_NUMBER: _builtins.int
+    AFTER_DECISION_ID_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     limit: _builtins.int
     """How many decisions to return, newest first; 0 means the server's default (20)."""
@@ -237,16 +240,32 @@ class GetDecisionsRequest(_message.Message):
     decision, a tenant whose figures had not changed shows the load of the decision that last
     stored them (its demand age then, within a second).
     """
+    since_version: _builtins.int
+    """History: the decisions from the first one whose allocation version (in force after it) is
+    at least this, oldest first, up to `limit`, read from the state store (they survive
+    restarts, as long as retention keeps them). 0: not asked.
+    """
+    since_wall_s: _builtins.float
+    """History: from the first decision made at or after this (Unix seconds), oldest first, as
+    since_version. 0: not asked. With both set, a decision must meet both.
+    """
+    after_decision_id: _builtins.int
+    """History, to page on: only decisions with a greater id (pass the last id read). 0: from the
+    first that since_version / since_wall_s admit; set alone, it asks for history too.
+    """
     def __init__(
         self,
         *,
         pool: _builtins.str = ...,
         limit: _builtins.int = ...,
         changes_only: _builtins.bool = ...,
+        since_version: _builtins.int = ...,
+        since_wall_s: _builtins.float = ...,
+        after_decision_id: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["changes_only", b"changes_only", "limit", b"limit", "pool", b"pool"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_decision_id", b"after_decision_id", "changes_only", b"changes_only", "limit", b"limit", "pool", b"pool", "since_version", b"since_version", "since_wall_s", b"since_wall_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

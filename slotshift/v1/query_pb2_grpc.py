@@ -82,7 +82,8 @@ class AllocationServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetDecisions(self, request, context):
-        """The most recent decisions, newest first.
+        """The most recent decisions, newest first; or, with a since_* field set, the history from
+        then on, oldest first, read from the state store across restarts.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -39,7 +39,9 @@ class AllocationServiceStub:
     ListPools: _grpc.UnaryUnaryMultiCallable[_query_pb2.ListPoolsRequest, _query_pb2.ListPoolsResponse]
     ListTenants: _grpc.UnaryUnaryMultiCallable[_query_pb2.ListTenantsRequest, _query_pb2.ListTenantsResponse]
     GetDecisions: _grpc.UnaryUnaryMultiCallable[_query_pb2.GetDecisionsRequest, _query_pb2.GetDecisionsResponse]
-    """The most recent decisions, newest first."""
+    """The most recent decisions, newest first; or, with a since_* field set, the history from
+    then on, oldest first, read from the state store across restarts.
+    """
 
 @_typing.type_check_only
 class AllocationServiceAsyncStub(AllocationServiceStub):
@@ -51,7 +53,9 @@ class AllocationServiceAsyncStub(AllocationServiceStub):
     ListPools: _aio.UnaryUnaryMultiCallable[_query_pb2.ListPoolsRequest, _query_pb2.ListPoolsResponse]  # type: ignore[assignment]
     ListTenants: _aio.UnaryUnaryMultiCallable[_query_pb2.ListTenantsRequest, _query_pb2.ListTenantsResponse]  # type: ignore[assignment]
     GetDecisions: _aio.UnaryUnaryMultiCallable[_query_pb2.GetDecisionsRequest, _query_pb2.GetDecisionsResponse]  # type: ignore[assignment]
-    """The most recent decisions, newest first."""
+    """The most recent decisions, newest first; or, with a since_* field set, the history from
+    then on, oldest first, read from the state store across restarts.
+    """
 
 class AllocationServiceServicer(metaclass=_abc_1.ABCMeta):
     """Read-only queries for people and tools (grpcurl)."""
@@ -84,6 +88,8 @@ class AllocationServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _query_pb2.GetDecisionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_query_pb2.GetDecisionsResponse, _abc.Awaitable[_query_pb2.GetDecisionsResponse]]:
-        """The most recent decisions, newest first."""
+        """The most recent decisions, newest first; or, with a since_* field set, the history from
+        then on, oldest first, read from the state store across restarts.
+        """
 
 def add_AllocationServiceServicer_to_server(servicer: AllocationServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -66,6 +66,8 @@ def running_stack(
         "agent.engine_metrics_url": f"http://127.0.0.1:{engine}/metrics",
         "agent.metrics_port": agent_metrics,
         "local_stack.gateway_ports": f"[{gw0}, {gw1}]",
+        # Each stack its own state: not the demo's, beside deploy/local/slotshift.yaml.
+        "controlplane.state_store.sqlite_file": str(log_dir / "state.sqlite3"),
         **(overrides or {}),
     }
     gateway_urls = [f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"]

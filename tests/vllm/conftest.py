@@ -116,6 +116,8 @@ def running_vllm_stack(
             "agent.controlplane_target": f"127.0.0.1:{cp}",
             "agent.metrics_port": agent_metrics,
             "local_stack.gateway_ports": f"[{gw0}, {gw1}]",
+            # Not the demo's state, beside deploy/local/slotshift.yaml.
+            "controlplane.state_store.kind": "memory",
         }
         gateway_urls = [f"http://127.0.0.1:{gw0}", f"http://127.0.0.1:{gw1}"]
         vllm_url = f"http://127.0.0.1:{vllm}"

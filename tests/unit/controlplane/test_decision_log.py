@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.snapshot import TenantLoad
-from controlplane.decision_log import DecisionLog, DecisionOutcome, DecisionRecord
+from controlplane.decision_log import (
+    DecisionLog,
+    DecisionOutcome,
+    DecisionRecord,
+    LoggedDecision,
+    rebuild,
+)
 
 
 def _record(
@@ -84,3 +90,44 @@ def test_whole_records_read_back_equal_what_was_logged(capacity: int, seed: int)
             assert have.outputs == want.outputs
             assert have.inputs == want.inputs
     assert len(log) == min(capacity, 14)
+
+
+@given(st.integers(1, 5), st.integers(0, 2**32 - 1), st.integers(1, 14))
+@settings(max_examples=200, deadline=None)
+def test_what_the_sink_gets_rebuilds_whole_from_any_key_frame(
+    keyframe_every: int, seed: int, from_id: int
+) -> None:
+    """Contract: the entries the sink gets (every keyframe_every-th whole, the first too), read
+    from the key frame at or before any decision on, rebuild every record whole; read from
+    elsewhere they would not (a key frame is where a reader may start)."""
+    rng = random.Random(seed)
+    sunk: list[LoggedDecision] = []
+    log = DecisionLog(3, first_id=1, on_logged=sunk.append, keyframe_every=keyframe_every)
+    logged: list[DecisionRecord] = []
+    for _ in range(14):
+        present = [t for t in ["A", "B", "C", "D"] if rng.random() < 0.8]
+        inputs = {t: TenantLoad(rng.randint(0, 2), rng.randint(0, 1)) for t in present}
+        record = _record(log.next_id(), inputs, {t: rng.randint(0, 3) for t in present})
+        log.append(record)
+        logged.append(record)
+    assert [e.keyframe for e in sunk] == [i % keyframe_every == 0 for i in range(14)]
+    start = max(i for i, e in enumerate(sunk) if e.keyframe and e.record.id <= from_id)
+    rebuilt = rebuild(sunk[start:], from_id=from_id)
+    assert [r.id for r in rebuilt] == list(range(from_id, 15))
+    for have, want in zip(rebuilt, logged[from_id - 1 :], strict=True):
+        assert (have.inputs, have.outputs) == (want.inputs, want.outputs)
+    as_stored = rebuild(sunk[start:], from_id=from_id, changes_only=True)
+    assert as_stored == [e.record for e in sunk[from_id - 1 :]]
+
+
+def test_ids_continue_from_first_id_and_a_requested_key_frame_comes_next() -> None:
+    sunk: list[LoggedDecision] = []
+    log = DecisionLog(4, first_id=41, on_logged=sunk.append, keyframe_every=100)
+    for _ in range(3):
+        log.append(_record(log.next_id(), {"A": TenantLoad(1)}, {"A": 1}))
+    log.request_keyframe()
+    log.append(_record(log.next_id(), {"A": TenantLoad(1)}, {"A": 1}))
+    assert [e.record.id for e in sunk] == [41, 42, 43, 44]
+    assert [e.keyframe for e in sunk] == [True, False, False, True]
+    assert sunk[3].record.inputs == {"A": TenantLoad(1)}, "a key frame is whole"
+    assert sunk[2].record.inputs == {}, "nothing changed since the one before"

@@ -1,0 +1,250 @@
+"""What of the control plane outlives its process, kept in the state store (controlplane/store/).
+
+At start-up (`restore`, before anything serves), per pool:
+- the stored admin changes are applied on top of the config file, in version order
+  (controlplane/core/overrides.py); those the file has overtaken are dropped, logged, and marked
+  dropped in the store; the pool runs at the highest config version stored;
+- allocation versions continue above the ceiling stored by the last run, and a new ceiling is
+  stored before any version is published (`VERSION_LEASE`);
+- decision ids continue above the highest stored, and the decision log hands every entry to
+  the keeper, which writes them behind in batches.
+
+While it runs: admin changes are written through (`record_change`, awaited by the admin API
+before the change applies), decisions are flushed every `decision_flush_interval_ms`, the
+version ceiling is moved ahead of the published versions, and retention prunes old decisions.
+GetDecisions' history reads come from the store (`history`), after a flush.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from controlplane.core.overrides import Override, replay
+from controlplane.decision_log import DecisionLog, DecisionRecord, LoggedDecision, rebuild
+from controlplane.runtime import PoolRuntime
+from controlplane.store.base import HistoryQuery, StateStore, StoreError
+from slotshift.clock import Clock
+from slotshift.config import PoolConfig, StateStoreConfig
+
+logger = logging.getLogger(__name__)
+
+VERSION_LEASE = 1_000_000
+"""How far ahead of the published allocation versions the stored ceiling is kept. Versions are
+published without waiting for the store (the pool's state publishes them synchronously), so the
+ceiling must stay ahead by more than a pool publishes between two checks: a million at one check
+a second is far above what even 10,000 gateways reconnecting at once cause. A restart jumps by up
+to this much (versions are int64)."""
+
+VERSION_CHECK_INTERVAL_S = 1.0
+"""How often the published versions are compared with the stored ceiling."""
+
+MAX_PENDING_DECISIONS = 10_000
+"""Decisions held while the store cannot be written; beyond this a pool's pending decisions
+are dropped (logged) and its next decision is stored whole, so that the history read back is
+never rebuilt across the gap."""
+
+CLOSE_FLUSH_TIMEOUT_S = 5.0
+"""How long a stopping control plane tries to write its last decisions."""
+
+
+class StateKeeper:
+    """Keeps the pools of `runtimes` in `store` (module docstring).
+
+    file_pools: the pools as the config file says (the base the stored changes apply to).
+    settings: the state store's section (retention, flush interval, key frames).
+    decision_log_size: the in-memory log's capacity (controlplane.decision_log_size).
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        settings: StateStoreConfig,
+        *,
+        file_pools: Mapping[str, PoolConfig],
+        runtimes: Mapping[str, PoolRuntime],
+        clock: Clock,
+        decision_log_size: int,
+    ) -> None:
+        self.store = store
+        self._settings = settings
+        self._file_pools = file_pools
+        self._runtimes = runtimes
+        self._clock = clock
+        self._decision_log_size = decision_log_size
+        self._pending: list[LoggedDecision] = []
+        self._flush_lock = asyncio.Lock()
+        self._ceilings: dict[str, int] = {}
+        self._failing = False
+        """Whether the last write of decisions failed (the error is logged once per streak)."""
+
+    async def restore(self) -> None:
+        """Before the pools serve: their stored changes, versions and decision ids (module
+        docstring). StoreError when the store cannot be read: a control plane that would forget
+        its changes must not start."""
+        for name, runtime in self._runtimes.items():
+            await self._restore_pool(name, runtime)
+        for change in await self.store.changes():
+            if change.override.pool not in self._runtimes and change.dropped_reason is None:
+                reason = "its pool is no longer in the config file"
+                logger.warning(_dropped_message(change.override, reason))
+                await self.store.drop_change(
+                    change.override.pool, change.override.config_version, reason=reason
+                )
+
+    async def _restore_pool(self, name: str, runtime: PoolRuntime) -> None:
+        counters = await self.store.counters(name)
+        stored = [c.override for c in await self.store.changes(name) if c.dropped_reason is None]
+        result = replay(self._file_pools[name], stored)
+        for dropped in result.dropped:
+            logger.warning(_dropped_message(dropped.override, dropped.reason))
+            await self.store.drop_change(
+                name, dropped.override.config_version, reason=dropped.reason
+            )
+        # The ceiling is stored before any version above the old one can be published.
+        ceiling = counters.allocation_version + VERSION_LEASE
+        await self.store.raise_counters(name, allocation_version=ceiling)
+        self._ceilings[name] = ceiling
+        runtime.continue_versions_above(counters.allocation_version)
+        if counters.config_version > 0:
+            runtime.restore_config(result.pool, result.key_digests, counters.config_version)
+        state = runtime.state
+        state.decisions = DecisionLog(
+            self._decision_log_size,
+            first_id=counters.decision_id + 1,
+            on_logged=self._pending.append,
+            keyframe_every=self._settings.decision_keyframe_every_count,
+        )
+        logger.info(
+            "pool %s restored from the state store: config v%d (%d stored changes applied, %d "
+            "dropped), allocation versions above %d, decisions from id %d",
+            name,
+            state.config_version,
+            len(result.applied),
+            len(result.dropped),
+            counters.allocation_version,
+            counters.decision_id + 1,
+        )
+
+    async def record_change(self, change: Override) -> None:
+        """Store an accepted admin change before it applies (StoreError: it must not apply)."""
+        await self.store.add_change(change)
+
+    async def history(
+        self, pool: str, query: HistoryQuery, *, changes_only: bool
+    ) -> list[DecisionRecord]:
+        """The stored decisions `query` asks for, oldest first, whole or (`changes_only`) as
+        stored; the decisions not yet written are written first. StoreError when the store
+        cannot be read."""
+        await self.flush()
+        entries = await self.store.decisions(pool, query)
+        first = next((e.record.id for e in entries if _admitted(e, query)), None)
+        if first is None:
+            return []
+        return rebuild(entries, from_id=first, changes_only=changes_only)
+
+    async def flush(self) -> None:
+        """Write the pending decisions. On failure they stay pending (up to
+        MAX_PENDING_DECISIONS) and the error is logged once until a write succeeds again."""
+        async with self._flush_lock:
+            batch, self._pending[:] = list(self._pending), []
+            if not batch:
+                return
+            try:
+                await self.store.add_decisions(batch)
+            except StoreError as exc:
+                self._pending[:0] = batch
+                if not self._failing:
+                    logger.error("state store: cannot write decisions (kept, retried): %s", exc)
+                self._failing = True
+                self._shed()
+                return
+            if self._failing:
+                logger.info("state store: decisions are written again")
+            self._failing = False
+
+    def _shed(self) -> None:
+        """Past MAX_PENDING_DECISIONS, drop the pending decisions of the pool holding most."""
+        while len(self._pending) > MAX_PENDING_DECISIONS:
+            counts: dict[str, int] = {}
+            for entry in self._pending:
+                counts[entry.record.pool] = counts.get(entry.record.pool, 0) + 1
+            pool = max(counts, key=lambda name: counts[name])
+            self._pending[:] = [e for e in self._pending if e.record.pool != pool]
+            self._runtimes[pool].state.decisions.request_keyframe()
+            logger.error(
+                "state store: %d decisions of pool %s dropped unwritten (the store is down)",
+                counts[pool],
+                pool,
+            )
+
+    async def write_decisions(self) -> None:
+        """Flush every decision_flush_interval_ms, until cancelled."""
+        interval_s = self._settings.decision_flush_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.flush()
+
+    async def keep_versions_ahead(self) -> None:
+        """Keep each pool's stored version ceiling VERSION_LEASE ahead of its published
+        versions, checked every VERSION_CHECK_INTERVAL_S, until cancelled."""
+        while True:
+            await asyncio.sleep(VERSION_CHECK_INTERVAL_S)
+            await self.check_versions()
+
+    async def check_versions(self) -> None:
+        """Move a pool's ceiling once its published versions are within half a lease of it."""
+        for name, runtime in self._runtimes.items():
+            version = runtime.state.allocation.version
+            if version + VERSION_LEASE // 2 <= self._ceilings[name]:
+                continue
+            ceiling = version + VERSION_LEASE
+            try:
+                await self.store.raise_counters(name, allocation_version=ceiling)
+            except StoreError as exc:
+                logger.error("state store: cannot move pool %s's version ceiling: %s", name, exc)
+                continue
+            self._ceilings[name] = ceiling
+
+    async def apply_retention(self) -> None:
+        """Prune the stored decisions every retention_interval_s, until cancelled."""
+        settings = self._settings
+        while True:
+            await asyncio.sleep(settings.retention_interval_s)
+            try:
+                deleted = await self.store.prune_decisions(
+                    older_than_wall_s=self._clock.wall() - settings.decisions_max_age_s,
+                    keep_count=settings.decisions_max_count,
+                )
+            except StoreError as exc:
+                logger.error("state store: cannot apply retention: %s", exc)
+                continue
+            if deleted:
+                logger.info("state store: %d old decisions deleted", deleted)
+
+    async def close(self) -> None:
+        """Write what is pending (for at most CLOSE_FLUSH_TIMEOUT_S) and close the store."""
+        try:
+            async with asyncio.timeout(CLOSE_FLUSH_TIMEOUT_S):
+                await self.flush()
+        except TimeoutError:
+            logger.error("state store: the last decisions were not written in time")
+        finally:
+            await self.store.close()
+
+
+def _admitted(entry: LoggedDecision, query: HistoryQuery) -> bool:
+    record = entry.record
+    return (
+        record.id > query.after_decision_id
+        and record.version >= query.since_version
+        and record.decided_at_wall_s >= query.since_wall_s
+    )
+
+
+def _dropped_message(override: Override, reason: str) -> str:
+    return (
+        f"pool {override.pool}: stored admin change v{override.config_version} "
+        f"({override.kind} {override.tenant or override.policy}) dropped: {reason}"
+    )
