@@ -239,6 +239,11 @@ class PoolState:
         self._changed()
         return latency
 
+    def resume_versions_above(self, version: int) -> None:
+        """Publish allocation versions above `version` from now on (a restarted control plane
+        continues above every version it published: controlplane/state_keeper.py)."""
+        self._version = max(self._version, version)
+
     def _queue_started(self, record: GatewayRecord, started: bool) -> None:
         """Requests started to queue at `record`'s gateway: an update held for its push slot may
         now be waited for (core/push.py), so its writer looks at it again."""

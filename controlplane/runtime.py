@@ -104,12 +104,8 @@ class PoolRuntime:
     def continue_versions_above(self, version: int) -> None:
         """Before the pool serves: publish allocation versions above `version` from now on (a
         restarted control plane continues above every version it published, so that no gateway
-        takes its updates for stale ones).
-
-        PoolState has no public setter for its counter yet; this is the one place that reaches
-        in, until PoolState grows one (`resume_versions_above`)."""
-        state = self.state
-        state._version = max(state._version, version)
+        takes its updates for stale ones)."""
+        self.state.resume_versions_above(version)
 
     def _decide_with(self, pool: PoolConfig) -> None:
         """The loop decides with `pool`'s policy (and its advisor) from now on."""
