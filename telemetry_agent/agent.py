@@ -56,7 +56,10 @@ class _WatchedEngine:
         self.pool = engine.pool
         self.metrics = metrics
         self.scraper = EngineScraper(
-            engine.metrics_url, timeout_s=config.scrape_timeout_s, clock=clock
+            engine.metrics_url,
+            timeout_s=config.scrape_timeout_s,
+            clock=clock,
+            tls=engine.metrics_tls,
         )
         self.gpus = EngineGpus(engine)
         self.stream = TelemetryStream(

@@ -231,6 +231,10 @@ class AgentEngineConfig(ConfigModel):
     metrics_url: Annotated[str, Field(pattern=r"^https?://")]
     """The engine's Prometheus endpoint (vLLM's /metrics), scraped every interval_s."""
 
+    metrics_tls: ClientTlsConfig | None = None
+    """How the agent checks an https metrics_url (vLLM's --ssl-certfile), with a client
+    certificate if the engine requires one; unset: the system's roots for https."""
+
     gpus: list[GpuSelector] | None = None
     """The engine's GPUs, each by NVML index or UUID (prefer UUIDs: an index names another GPU
     when one is removed). Unset, with gpus_file unset too: every GPU NVML shows, which only an
