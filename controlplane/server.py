@@ -27,6 +27,8 @@ from controlplane.store.opening import store_from_config
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import ConfigError, SlotshiftConfig, read_secret_text
+from slotshift.keys import bearer_matches
+from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
 from slotshift.tls import load_server_credentials
 from slotshift.v1 import (
     admin_pb2,
@@ -213,7 +215,20 @@ class ControlPlane:
         return keeper
 
     async def _start_metrics(self, host: str, port: int) -> web.AppRunner:
-        async def metrics(_: web.Request) -> web.Response:
+        token_file = self.config.controlplane.metrics_token_file
+        token = (
+            None
+            if token_file is None
+            else await asyncio.to_thread(
+                metrics_token_digest, token_file, "controlplane.metrics_token_file"
+            )
+        )
+
+        async def metrics(request: web.Request) -> web.Response:
+            if token is not None and not bearer_matches(
+                request.headers.get("Authorization"), token
+            ):
+                return metrics_unauthorized()
             return web.Response(
                 body=generate_latest(self.metrics.registry),
                 headers={"Content-Type": CONTENT_TYPE_LATEST},

@@ -24,6 +24,11 @@ class ControlPlaneConfig(ConfigModel):
     metrics_port: Port = 9100
     """Port of the Prometheus /metrics endpoint; 0 picks one."""
 
+    metrics_token_file: str | None = None
+    """A file holding the bearer token `/metrics` asks for (Prometheus:
+    `authorization.credentials_file`), read at start; unset: `/metrics` answers anyone (it holds
+    tenant names and counts, no keys). Relative to the config file's folder."""
+
     decision_log_size: Annotated[int, Field(ge=1)] = 512
     """Decisions kept per pool for GetDecisions."""
 
@@ -107,6 +112,11 @@ class GatewayConfig(ConfigModel):
 
     port: Port = 8080
     """Port of the OpenAI-compatible API and /metrics; 0 picks one."""
+
+    metrics_token_file: str | None = None
+    """A file holding the bearer token `/metrics` asks for (Prometheus:
+    `authorization.credentials_file`), read at start; unset: `/metrics` answers anyone (it holds
+    tenant names and counts, no keys). Relative to the config file's folder."""
 
     pool: str = "default"
     """The pool this gateway fronts, when `pools` is empty."""
@@ -303,6 +313,11 @@ class AgentConfig(ConfigModel):
 
     metrics_port: Port = 9101
     """Port of the agent's own Prometheus /metrics endpoint; 0 picks one."""
+
+    metrics_token_file: str | None = None
+    """A file holding the bearer token `/metrics` asks for (Prometheus:
+    `authorization.credentials_file`), read at start; unset: `/metrics` answers anyone (it holds
+    tenant names and counts, no keys). Relative to the config file's folder."""
 
     host: str = "127.0.0.1"
     """Address the agent's /metrics endpoint binds."""

@@ -49,8 +49,8 @@ from slotshift.config import (
 from slotshift.tls import load_channel_security, open_channel, server_ssl_context
 from telemetry_agent.agent import TelemetryAgent
 from telemetry_agent.engine_scraper import EngineScraper
-from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
 from tests.grpcurl import grpcurl_binary
+from tests.integration.stack import NoGpu
 from tests.pki import TestPki, make_pki
 from tests.support import wait_until
 
@@ -58,19 +58,6 @@ pytestmark = pytest.mark.integration
 
 KEY_A = "tls-test-key-a"
 MODEL = "Qwen/Qwen2.5-3B-Instruct"
-
-
-class _NoGpu:
-    """A GpuReader for a machine without NVML."""
-
-    def open(self) -> None:
-        raise GpuReadError("no NVML in this test")
-
-    def read_devices(self) -> list[GpuDeviceReading]:
-        raise GpuReadError("no NVML in this test")
-
-    def close(self) -> None:
-        return None
 
 
 @pytest.fixture
@@ -183,7 +170,7 @@ async def test_mutual_tls_on_every_hop_and_https_on_the_gateway(pki: TestPki) ->
             client_tls=_client_tls(pki),
             gateway_tls=_server_tls(pki, mutual=False),
         )
-        agent = TelemetryAgent(config.agent, gpu_reader=_NoGpu())
+        agent = TelemetryAgent(config.agent, gpu_reader=NoGpu())
         await agent.start()
         exits.push_async_callback(agent.stop)
         gateway = AdmissionGateway(config, gateway_id="gw-tls")
