@@ -111,6 +111,9 @@ class PoolState:
         """Until then no gateway is granted more than it already enforces. A control plane that
         has just started (or restarted) has not heard from every gateway yet: one it does not
         know of may hold slots, and every live gateway reconnects within a lease."""
+        self._expected: frozenset[str] = frozenset()
+        """The gateways the hold waits for (expect_gateways): once all have connected, it
+        ends; none named: it lasts its lease."""
         self._limits_trace_context: Mapping[str, str] = {}
         """W3C context of the decision whose tenant limits are in force (empty: the nominal
         shares, before any decision changed them)."""
@@ -162,6 +165,7 @@ class PoolState:
         # gateway does not ignore its updates as stale.
         self._version = max(self._version, applied_version)
         logger.info("gateway %s connected to pool %s", gateway_id, self.pool.name)
+        self._end_hold_if_all_came()
         self.reconcile(resplit=True, force_publish=True, trace_context=trace_context)
         return record.session
 
@@ -238,6 +242,33 @@ class PoolState:
         self._queue_started(record, started)
         self._changed()
         return latency
+
+    def expect_gateways(self, gateway_ids: Iterable[str]) -> None:
+        """This control plane starts to serve the pool now (it just started, or was elected
+        leader) and `gateway_ids` are the gateways the pool counted last (the state store's
+        registry): the restart hold starts again from now and ends as soon as every one of them
+        has connected (or its lease has run out, for one that does not come back). None named:
+        the hold lasts its lease."""
+        self._expected = frozenset(gateway_ids)
+        self._holding_until_s = self._clock.monotonic() + self.gateways.lease_ttl_s
+        self._end_hold_if_all_came()
+
+    @property
+    def holding(self) -> bool:
+        """Whether the restart hold is on (no gateway granted more than it enforces)."""
+        return self._clock.monotonic() < self._holding_until_s
+
+    def _end_hold_if_all_came(self) -> None:
+        if not self._expected or self._clock.monotonic() >= self._holding_until_s:
+            return
+        connected = {r.gateway_id for r in self.gateways if r.connected}
+        if self._expected <= connected:
+            self._holding_until_s = self._clock.monotonic()
+            logger.info(
+                "pool %s: the restart hold ends, every gateway it knew has connected (%d)",
+                self.pool.name,
+                len(self._expected),
+            )
 
     def resume_versions_above(self, version: int) -> None:
         """Publish allocation versions above `version` from now on (a restarted control plane

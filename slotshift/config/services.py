@@ -11,6 +11,9 @@ from slotshift.config.base import ConfigModel, Name, Port, PositiveSeconds
 from slotshift.config.state_store import StateStoreConfig
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
+ControlPlaneTarget = str | Annotated[list[str], Field(min_length=1)]
+"""Where a gateway or an agent finds the control plane: one host:port, or one per replica."""
+
 
 class ControlPlaneConfig(ConfigModel):
     """The control plane's server and decision loop."""
@@ -64,6 +67,19 @@ class ControlPlaneConfig(ConfigModel):
     admin API's changes (AdminService, all but GetPoolConfig) need `authorization: Bearer TOKEN`.
     A relative path is relative to the config file's folder. Unset: the admin API refuses every
     change."""
+
+    replica_id: str = ""
+    """This replica's name in the leader lease (controlplane/leadership.py): unique among the
+    replicas sharing a state store, and the same across restarts of one replica (a replica
+    restarted under its name takes its lease back at once, a new epoch). Empty: the host name
+    (a Kubernetes pod's name)."""
+
+    leader_lease_ttl_s: PositiveSeconds = 5.0
+    """Seconds the leader's lease lasts unrenewed: the takeover time. The leader renews it
+    every third of this; one that could not stops publishing and drops its streams before it
+    runs out; a follower takes it over at most this long after the leader's last renewal (a
+    leader that stops in order hands over at once). Gateways then reach the new leader within
+    their reconnect_max_s."""
 
     state_store: StateStoreConfig = Field(default_factory=StateStoreConfig)
     """What survives a restart (admin changes, the version counters, the decision history) and
@@ -129,8 +145,10 @@ class GatewayConfig(ConfigModel):
     """Seconds a pool whose engine could not be reached (no connection) is passed over while
     another pool serves the request's model; then it is tried again."""
 
-    controlplane_target: str = "127.0.0.1:50051"
-    """host:port of the control plane's gRPC API."""
+    controlplane_target: ControlPlaneTarget = "127.0.0.1:50051"
+    """host:port of the control plane's gRPC API; or a list, one per control-plane replica:
+    the stream goes to the leader, found by asking each in turn through gRPC health whether it
+    serves GatewayService (followers say NOT_SERVING), and moves on when it stops serving."""
 
     controlplane_tls: ClientTlsConfig | None = None
     """TLS on the stream to the control plane (set when controlplane.tls is), with a client
@@ -287,8 +305,9 @@ class AgentConfig(ConfigModel):
     agent_id: str = ""
     """This agent's name in reports; empty means the host name."""
 
-    controlplane_target: str = "127.0.0.1:50051"
-    """host:port of the control plane's gRPC API."""
+    controlplane_target: ControlPlaneTarget = "127.0.0.1:50051"
+    """host:port of the control plane's gRPC API; or a list, one per control-plane replica:
+    each stream goes to the leader (as gateway.controlplane_target)."""
 
     controlplane_tls: ClientTlsConfig | None = None
     """TLS on the telemetry stream to the control plane (set when controlplane.tls is), with a
