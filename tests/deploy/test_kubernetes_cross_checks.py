@@ -233,7 +233,9 @@ def test_peers_in_the_config_are_services_on_the_right_ports(overlay: Manifests)
     config = _config(overlay)
     controlplane, _ = overlay.workload_running("controlplane")
 
-    for target in (config.gateway.controlplane_target, config.agent.controlplane_target):
+    configured = (config.gateway.controlplane_target, config.agent.controlplane_target)
+    targets = [t for each in configured for t in ([each] if isinstance(each, str) else each)]
+    for target in targets:
         host, _, port = target.rpartition(":")
         service, service_port = overlay.service_at(host, int(port))
         assert overlay.workloads_selected_by(service) == [controlplane]
