@@ -90,6 +90,7 @@ class GatewayRecord:
         "queued",
         "sent",
         "sent_at_s",
+        "sent_version",
         "session",
         "waste_tokens_total",
     )
@@ -115,6 +116,8 @@ class GatewayRecord:
         self.pending: Row = zeros_row(tenants)
         """The largest limit of each tenant among `sent`."""
         self.sent_at_s: dict[int, float] = {}
+        self.sent_version = 0
+        """The newest version sent to this gateway (on any of its connections)."""
         self.lease_expires_at_s: float | None = None
         self.output_tokens_total = 0
         """Summed over its tenants' figures (the base of the pool's waste share)."""
@@ -187,6 +190,7 @@ class GatewayRecord:
         self.sent[version] = limits
         self.sent_at_s[version] = now_s
         self.pending = np.maximum(self.pending, limits)
+        self.sent_version = max(self.sent_version, version)
 
     def reindex(self, old: tuple[str, ...], new: tuple[str, ...]) -> None:
         """The pool's tenants changed from `old` to `new`: move every row to the new columns
@@ -321,6 +325,10 @@ class GatewayRegistry:
     def applied_versions(self) -> dict[str, int]:
         """gateway id -> the version it last acknowledged, for connected gateways."""
         return {r.gateway_id: r.applied_version for r in self if r.connected}
+
+    def part_versions(self) -> dict[str, int]:
+        """gateway id -> the newest version sent to it, for connected gateways."""
+        return {r.gateway_id: r.sent_version for r in self if r.connected}
 
     def set_directory(self, directory: TenantDirectory) -> None:
         """Every connected gateway gets `directory` before its next allocation."""

@@ -46,7 +46,10 @@ def tenant_allocations(
 
 
 def allocation_to_proto(
-    pool: PoolConfig, allocation: Allocation, applied_versions: Mapping[str, int]
+    pool: PoolConfig,
+    allocation: Allocation,
+    applied_versions: Mapping[str, int],
+    part_versions: Mapping[str, int] | None = None,
 ) -> allocation_pb2.Allocation:
     return allocation_pb2.Allocation(
         pool=allocation.pool,
@@ -60,6 +63,7 @@ def allocation_to_proto(
                 gateway_id=gateway_id,
                 tenants=row_to_proto(GatewayRow.of(allocation.cells, row), None),
                 applied_version=applied_versions.get(gateway_id, 0),
+                part_version=(part_versions or {}).get(gateway_id, 0),
             )
             # The cells' rows are in gateway-id order.
             for row, gateway_id in enumerate(allocation.cells.gateway_ids)

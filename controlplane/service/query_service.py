@@ -58,7 +58,12 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
         context: grpc.aio.ServicerContext[object, object],
     ) -> allocation_pb2.Allocation:
         state = await self._pool(request.pool, context)
-        return convert.allocation_to_proto(state.pool, state.allocation, state.applied_versions())
+        return convert.allocation_to_proto(
+            state.pool,
+            state.allocation,
+            state.applied_versions(),
+            state.gateways.part_versions(),
+        )
 
     async def ListPools(
         self, request: query_pb2.ListPoolsRequest, context: grpc.aio.ServicerContext[object, object]

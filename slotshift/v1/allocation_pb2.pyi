@@ -109,9 +109,15 @@ class GatewayAllocation(_message.Message):
     GATEWAY_ID_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     APPLIED_VERSION_FIELD_NUMBER: _builtins.int
+    PART_VERSION_FIELD_NUMBER: _builtins.int
     gateway_id: _builtins.str
     applied_version: _builtins.int
     """The allocation version this gateway last acknowledged as applied (0: none yet)."""
+    part_version: _builtins.int
+    """The newest allocation version sent to this gateway: a version goes only to the gateways
+    whose part it changes, so the gateway enforces this allocation once applied_version has
+    reached part_version (applied_version may stay below the allocation's own version).
+    """
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___GatewayTenantLimit]: ...
     def __init__(
@@ -120,10 +126,11 @@ class GatewayAllocation(_message.Message):
         gateway_id: _builtins.str = ...,
         tenants: _abc.Iterable[Global___GatewayTenantLimit] | None = ...,
         applied_version: _builtins.int = ...,
+        part_version: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "gateway_id", b"gateway_id", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "gateway_id", b"gateway_id", "part_version", b"part_version", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -169,8 +169,12 @@ async def _allocation(target: str) -> Any:
 
 
 def _acknowledged_by_both(allocation: Any) -> bool:
-    applied = {g.gateway_id: g.applied_version for g in allocation.gateways}
-    return applied == {"gw-0": allocation.version, "gw-1": allocation.version}
+    """Both gateways enforce the allocation: each has applied the newest version sent to it
+    (a version goes only to the gateways whose part it changes)."""
+    parts = {g.gateway_id: (g.applied_version, g.part_version) for g in allocation.gateways}
+    return set(parts) == {"gw-0", "gw-1"} and all(
+        0 < part <= applied for applied, part in parts.values()
+    )
 
 
 async def test_the_follower_takes_over_a_killed_leader_under_load(

@@ -27,6 +27,8 @@ def test_a_reconnection_replaces_the_session_and_keeps_what_the_old_one_may_stil
     assert registry.live(second.session) is second
     assert sorted(second.sent) == [5], "version 3 is applied; 5 may still be"
     assert second.bounds().tolist() == [2, 6]
+    assert registry.part_versions() == {"gw": 5}, "the newest version sent to the gateway"
+    assert registry.applied_versions() == {"gw": 3}
 
 
 def test_bounds_are_the_most_of_in_flight_acknowledged_and_pending() -> None:
