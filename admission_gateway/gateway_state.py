@@ -167,6 +167,16 @@ class GatewayState:
         """The allocation version enforced now; 0 while on the fallback split."""
         return self._applied_version
 
+    def room(self, tenant: str) -> tuple[int, int] | None:
+        """What the router (routing.Front.room) reads of `tenant` here: (its limit less what it
+        runs and queues, what it runs); None when this pool does not know the tenant. One
+        function for the proxy's PoolFront and the twin's fronts, so that both route alike."""
+        held = self._tenants.get(tenant)
+        if held is None:
+            return None
+        admission = held.admission
+        return admission.limit_slots - admission.in_flight - admission.queued, admission.in_flight
+
     def add_tenant(self, name: str) -> bool:
         """Know tenant `name` (added at run time), with no slots until an allocation gives it
         some; False if it is known already. Tenants are never forgotten: a removed one keeps its
