@@ -10,6 +10,7 @@ over the pools' own), with:
   of running plus waiting requests) and `within_budget`;
 - `replicas.<model>.<pool>` for each model served by several pools: `completed` (the model's
   requests the pool completed in the window), `share` (of the model's completed requests),
+  `output_share` (of the output tokens of those requests),
   `capacity_per_s` (what the replica completes per second held at its budget, the engine alone
   on the run's mix of the model's requests: twin.fleet.replica_capacity), `capacity_share` (the
   share that following the room should give), `share_over_capacity_share`, and
@@ -83,9 +84,7 @@ def fleet_run_summary(
     for name, pool in result.pools.items():
         served = scenario.fleet_pool(name).models
         tenants = [
-            t
-            for t in scenario.tenants
-            if name in (t.pools or {}) or scenario.model_of(t) in served
+            t for t in scenario.tenants if name in (t.pools or {}) or scenario.model_of(t) in served
         ]
         figures = run_summary(scenario.model_copy(update={"tenants": tenants}), pool.result)
         figures.update(
@@ -126,6 +125,15 @@ def _replicas(
             )
             for name in names
         }
+        output = {
+            name: sum(
+                t.output_tokens
+                for t in result.pools[name].result.traces
+                if t.status is RequestStatus.OK and t.end_s is not None and window.holds(t.end_s)
+            )
+            for name in names
+        }
+        all_output = sum(output.values())
         all_done = sum(completed.values())
         capacity_total = sum(capacities.get(name, 0.0) for name in names)
         group: dict[str, Any] = {}
@@ -138,6 +146,7 @@ def _replicas(
             group[name] = {
                 "completed": completed[name],
                 "share": share,
+                "output_share": output[name] / all_output if all_output else None,
                 "capacity_per_s": capacity,
                 "capacity_share": capacity_share,
                 "share_over_capacity_share": (
@@ -149,7 +158,9 @@ def _replicas(
     return groups
 
 
-def fleet_checks(scenario: Scenario, policies: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+def fleet_checks(
+    scenario: Scenario, policies: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
     """Issue 16's checks of a fleet bench, per run: every pool's engine within its budget; per
     replica group, each replica's share of the model's completed requests in 45-55% when the
     replicas are alike, else within 10% (relative) of its capacity share; and, for runs with
@@ -204,7 +215,9 @@ def fleet_checks(scenario: Scenario, policies: Mapping[str, Mapping[str, Any]]) 
     return checks
 
 
-def fleet_markdown(policies: Mapping[str, Mapping[str, Any]], checks: Sequence[Mapping[str, Any]]) -> str:
+def fleet_markdown(
+    policies: Mapping[str, Mapping[str, Any]], checks: Sequence[Mapping[str, Any]]
+) -> str:
     """The per-pool table (a row per run and pool) and the checks, as markdown."""
     lines = [
         "| run | pool | output (tok/s) | completed | p99 TTFT (ms) | engine peak / budget | share |",

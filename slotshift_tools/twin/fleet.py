@@ -28,7 +28,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import admission_gateway.routing as routing
+from admission_gateway import routing
 from admission_gateway.gateway_state import GatewayState
 from engine_sim.engine_core import EngineCore, RequestSpec
 from slotshift.config import (
