@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 from opentelemetry import trace
@@ -42,7 +42,7 @@ from opentelemetry.context import Context
 from admission_gateway.control_session import ControlSession, TenantsObserver
 from admission_gateway.gateway_state import GatewayState
 from slotshift.clock import Clock
-from slotshift.reconnect import ReconnectingStream, StreamState
+from slotshift.reconnect import ReconnectingStream, StreamState, Targets
 from slotshift.tls import ChannelSecurity, open_channel
 from slotshift.trace_context import carrier_of, grpc_metadata
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
@@ -57,14 +57,16 @@ class ControlClient:
 
     The stream is kept up by slotshift.reconnect (a fresh channel per attempt, backoff with
     jitter, reset after a healthy stream, one log line per change of state); this class is the
-    session on it and what the gateway does when it comes and goes.
+    session on it and what the gateway does when it comes and goes. `target` is one address, or
+    the addresses of the control plane's replicas: the stream goes to the one whose gRPC health
+    says it serves GatewayService (the leader), tried in turn (slotshift.reconnect.Targets).
     """
 
     def __init__(
         self,
         state: GatewayState,
         *,
-        target: str,
+        target: str | Sequence[str],
         gateway_id: str,
         report_interval_s: float,
         queue_report_min_interval_s: float,
@@ -79,7 +81,12 @@ class ControlClient:
     ) -> None:
         self._state = state
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
-        self._target = target
+        addresses = (target,) if isinstance(target, str) else tuple(target)
+        self._targets = Targets(
+            addresses,
+            functools.partial(_open, security),
+            health_service=gateway_pb2.DESCRIPTOR.services_by_name["GatewayService"].full_name,
+        )
         self._gateway_id = gateway_id
         self.session = ControlSession(
             state,
@@ -94,9 +101,9 @@ class ControlClient:
         """What the gateway says and does on each stream this client opens."""
         self._link = ReconnectingStream(
             self._session,
-            open_channel=functools.partial(open_channel, target, security),
+            open_channel=self._targets,
             stream="control stream",
-            peer=f"the control plane at {target}",
+            peer="the control plane",
             initial_s=reconnect_initial_s,
             max_s=max(reconnect_max_s, reconnect_initial_s),
             clock=clock,
@@ -139,7 +146,7 @@ class ControlClient:
                 "slotshift.allocation.applied_version": self._state.applied_version,
                 "rpc.system": "grpc",
                 "rpc.method": "slotshift.v1.GatewayService/Connect",
-                "server.address": self._target,
+                "server.address": self._targets.current,
             },
         )
         # None: messages are written with call.write, not drawn from an iterator.
@@ -161,3 +168,7 @@ class ControlClient:
                 return "cut to at most the fallback split until it is back"
             return f"enforcing allocation {self._state.applied_version} until it is back"
         return ""
+
+
+def _open(security: ChannelSecurity | None, target: str) -> grpc.aio.Channel:
+    return open_channel(target, security)

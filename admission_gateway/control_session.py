@@ -108,12 +108,27 @@ class ControlSession:
             tasks.spawn("demand-reports", self._report_periodically(stream, writes), forever=False)
             async for message in stream:
                 if message.HasField("allocation"):
-                    await self._on_allocation(stream, writes, message.allocation)
+                    update = message.allocation
+                    if update.epoch < self._state.epoch:
+                        return self._refuse_epoch(update)
+                    await self._on_allocation(stream, writes, update)
                 elif message.HasField("tenants"):
                     self._on_directory(message.tenants)
             return "the control plane ended the stream"
         finally:
             await tasks.stop()
+
+    def _refuse_epoch(self, update: gateway_pb2.AllocationUpdate) -> str:
+        """An update from a leader older than one whose update is applied: a deposed leader
+        (cut off from the store, say) must not hand out budget. The stream to it ends, so that
+        the client moves on to the leader; its update is not applied nor acknowledged."""
+        logger.warning(
+            "refusing allocation %d of leader epoch %d: epoch %d is in force",
+            update.version,
+            update.epoch,
+            self._state.epoch,
+        )
+        return f"it is a deposed leader (epoch {update.epoch} < {self._state.epoch})"
 
     async def _on_allocation(
         self, stream: ControlStream, writes: asyncio.Lock, update: gateway_pb2.AllocationUpdate
@@ -147,6 +162,7 @@ class ControlSession:
                 "slotshift.gateway.id": self._gateway_id,
                 "slotshift.allocation.version": update.version,
                 "slotshift.decision.id": update.decision_id,
+                "slotshift.leader.epoch": update.epoch,
             },
         ) as span:
             decision = span_context_from(
@@ -155,7 +171,7 @@ class ControlSession:
                 else {}
             )
             applied = self._state.apply_allocation(
-                update.version, limits, decision=decision, delta=update.delta
+                update.version, limits, decision=decision, delta=update.delta, epoch=update.epoch
             )
             span.set_attribute("slotshift.allocation.applied", applied)
             if not applied:

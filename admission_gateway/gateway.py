@@ -46,7 +46,8 @@ from slotshift.config import (
     read_secret_tokens,
     reveal,
 )
-from slotshift.keys import key_digest
+from slotshift.keys import bearer_matches, key_digest
+from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
 from slotshift.request_log import RequestLogWriter, SessionHasher, session_key_from_text
 from slotshift.tls import (
     ChannelSecurity,
@@ -118,6 +119,8 @@ class AdmissionGateway:
         self.request_log: RequestLogWriter | None = None
         """The request log's writer (set by start when gateway.request_log is set)."""
         self._stopped = False
+        self._metrics_token: bytes | None = None
+        """The digest of the token /metrics asks for (gateway.metrics_token_file); None: open."""
 
     @property
     def port(self) -> int:
@@ -158,6 +161,11 @@ class AdmissionGateway:
     async def start(self) -> None:
         """Bind the HTTP server, open the upstream session and start the control stream."""
         ssl_context, security, engine_ssl = await asyncio.to_thread(self._load_tls)
+        token_file = self._settings.metrics_token_file
+        if token_file is not None:
+            self._metrics_token = await asyncio.to_thread(
+                metrics_token_digest, token_file, "gateway.metrics_token_file"
+            )
         engine_keys = await asyncio.to_thread(self._load_engine_keys)
         log_settings = self._settings.request_log
         sessions = None
@@ -358,6 +366,10 @@ class AdmissionGateway:
         return web.json_response({"status": "draining"}, status=503)
 
     async def _metrics(self, request: web.Request) -> web.Response:
+        if self._metrics_token is not None and not bearer_matches(
+            request.headers.get("Authorization"), self._metrics_token
+        ):
+            return metrics_unauthorized()
         return web.Response(
             body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )

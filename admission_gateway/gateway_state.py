@@ -155,6 +155,7 @@ class GatewayState:
             name: new_tenant(name, limit) for name, limit in limits.items()
         }
         self._applied_version = 0
+        self._epoch = 0
         self.controlplane_connected = False
         """Whether the control stream is up now (set by the control client)."""
 
@@ -176,6 +177,12 @@ class GatewayState:
             return None
         admission = held.admission
         return admission.limit_slots - admission.in_flight - admission.queued, admission.in_flight
+
+    @property
+    def epoch(self) -> int:
+        """The newest leader epoch an applied allocation carried (0: none yet, or a control
+        plane that runs no election)."""
+        return self._epoch
 
     def add_tenant(self, name: str) -> bool:
         """Know tenant `name` (added at run time), with no slots until an allocation gives it
@@ -208,8 +215,12 @@ class GatewayState:
         *,
         decision: SpanContext | None = None,
         delta: bool = False,
+        epoch: int = 0,
     ) -> bool:
-        """Enforce the limits of allocation `version`; False (and no change) if it is not newer.
+        """Enforce the limits of allocation `version` of leader `epoch`; False (and no change)
+        if it is not newer by (epoch, version): an epoch older than the newest applied is
+        refused whatever its version (a deposed leader's), a newer one is taken whatever its
+        version (a new leader numbers its own).
 
         A whole update (`delta` false) names every tenant: one it does not name gets 0 slots,
         the control plane gave its share to others. A delta names only the tenants whose limits
@@ -217,7 +228,7 @@ class GatewayState:
         ignored with a warning. `decision` is the span of the decision the allocation comes
         from, if it was traced.
         """
-        if version <= self._applied_version:
+        if (epoch, version) <= (self._epoch, self._applied_version):
             return False
         by_tenant: dict[str, TenantLimit] = {}
         for limit in limits:
@@ -243,6 +254,7 @@ class GatewayState:
             tenant.target_slots = max(0, limit.target_slots)
             tenant.decision = decision
         self._applied_version = version
+        self._epoch = epoch
         return True
 
     def demand(self) -> list[TenantDemand]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from typing import Any
 
@@ -17,6 +18,7 @@ import aiohttp
 from controlplane.core.snapshot import Advice, PoolSnapshot
 from slotshift.apportion import nominal_shares
 from slotshift.config import AgentPolicyConfig, PoolConfig, reveal
+from slotshift.tls import client_ssl_context
 
 SYSTEM_PROMPT = (
     "You allocate the concurrent-request slots of one LLM inference server among tenants. "
@@ -116,7 +118,11 @@ class ChatAdvisor:
 
     async def _ask(self, snapshot: PoolSnapshot) -> str:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            tls = self._settings.tls
+            checked: ssl.SSLContext | bool = (
+                True if tls is None else await asyncio.to_thread(client_ssl_context, tls)
+            )
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=checked))
         settings = self._settings
         headers = {}
         if settings.api_key is not None:

@@ -111,6 +111,9 @@ class PoolState:
         """Until then no gateway is granted more than it already enforces. A control plane that
         has just started (or restarted) has not heard from every gateway yet: one it does not
         know of may hold slots, and every live gateway reconnects within a lease."""
+        self._expected: frozenset[str] = frozenset()
+        """The gateways the hold waits for (expect_gateways): once all have connected, it
+        ends; none named: it lasts its lease."""
         self._limits_trace_context: Mapping[str, str] = {}
         """W3C context of the decision whose tenant limits are in force (empty: the nominal
         shares, before any decision changed them)."""
@@ -162,6 +165,7 @@ class PoolState:
         # gateway does not ignore its updates as stale.
         self._version = max(self._version, applied_version)
         logger.info("gateway %s connected to pool %s", gateway_id, self.pool.name)
+        self._end_hold_if_all_came()
         self.reconcile(resplit=True, force_publish=True, trace_context=trace_context)
         return record.session
 
@@ -238,6 +242,33 @@ class PoolState:
         self._queue_started(record, started)
         self._changed()
         return latency
+
+    def expect_gateways(self, gateway_ids: Iterable[str]) -> None:
+        """This control plane starts to serve the pool now (it just started, or was elected
+        leader) and `gateway_ids` are the gateways the pool counted last (the state store's
+        registry): the restart hold starts again from now and ends as soon as every one of them
+        has connected (or its lease has run out, for one that does not come back). None named:
+        the hold lasts its lease."""
+        self._expected = frozenset(gateway_ids)
+        self._holding_until_s = self._clock.monotonic() + self.gateways.lease_ttl_s
+        self._end_hold_if_all_came()
+
+    @property
+    def holding(self) -> bool:
+        """Whether the restart hold is on (no gateway granted more than it enforces)."""
+        return self._clock.monotonic() < self._holding_until_s
+
+    def _end_hold_if_all_came(self) -> None:
+        if not self._expected or self._clock.monotonic() >= self._holding_until_s:
+            return
+        connected = {r.gateway_id for r in self.gateways if r.connected}
+        if self._expected <= connected:
+            self._holding_until_s = self._clock.monotonic()
+            logger.info(
+                "pool %s: the restart hold ends, every gateway it knew has connected (%d)",
+                self.pool.name,
+                len(self._expected),
+            )
 
     def resume_versions_above(self, version: int) -> None:
         """Publish allocation versions above `version` from now on (a restarted control plane
@@ -600,21 +631,28 @@ def _rows(rows: list[Row], tenants: int) -> Row2:
     return np.stack(rows)
 
 
+_LatencyKey = tuple[int, float, float, float, int, float, float, float]
+"""What a tenant's merged latency summaries are made from: (count, count x p50, worst p90,
+worst p99) of TTFT, then of end-to-end latency."""
+
+
 class _PoolLoads:
     """Each pool tenant's figures summed over the gateways, kept up as figures come and go, so
     that a snapshot costs about the tenants whose figures changed since the last one.
 
     Latency windows cannot be merged exactly without their samples: the p50 is weighted by
-    count, the p90 and p99 are the worst (the tail errs on the safe side). Sums are updated as
-    figures change; the worst, which no subtraction can undo, and the merged summaries are
-    recomputed at the next snapshot for the tenants whose figures changed."""
+    count, the p90 and p99 are the worst (the tail errs on the safe side). Sums and worsts are
+    updated as figures change; a worst whose last holder left (which no subtraction can undo) is
+    found again by a walk over the gateways at the next snapshot, and the merged summaries are
+    rebuilt then for the tenants whose figures changed."""
 
     def __init__(self, tenants: Iterable[str]) -> None:
         self._sums = {name: _Sums() for name in tenants}
         self._stale: set[str] = set(self._sums)
-        """Tenants whose worst latencies must be recomputed."""
-        self._latency: dict[str, tuple[LatencySummary, LatencySummary]] = {}
-        """tenant -> its (ttft, e2e) merged over its gateways, as of its last change."""
+        """Tenants whose merged latency summaries must be rebuilt (their sums or worst moved)."""
+        self._latency: dict[str, tuple[_LatencyKey, LatencySummary, LatencySummary]] = {}
+        """tenant -> the figures its summaries were made from, and its (ttft, e2e) merged over
+        its gateways, as of its last change."""
 
     def replaced(self, old: TenantDemand | None, new: TenantDemand | None) -> None:
         """A gateway's figure of one tenant left (new None), came (old None) or changed."""
@@ -637,28 +675,36 @@ class _PoolLoads:
         removed tenants too."""
         records = list(records)
         for name in self._stale:
-            worst = [0.0, 0.0, 0.0, 0.0]
-            for record in records:
-                figures = record.demand.get(name)
-                if figures is None:
-                    continue
-                if figures.ttft.count > 0:
-                    worst[0] = max(worst[0], figures.ttft.p90_ms)
-                    worst[1] = max(worst[1], figures.ttft.p99_ms)
-                if figures.e2e.count > 0:
-                    worst[2] = max(worst[2], figures.e2e.p90_ms)
-                    worst[3] = max(worst[3], figures.e2e.p99_ms)
             sums = self._sums[name]
+            if sums.worst_unknown:
+                held = (record.demand.get(name) for record in records)
+                sums.recount_worst(figures for figures in held if figures is not None)
+            ttft90, ttft99, e2e90, e2e99 = sums.worst
+            key = (
+                sums.ttft_count,
+                sums.ttft_weighted,
+                ttft90.value,
+                ttft99.value,
+                sums.e2e_count,
+                sums.e2e_weighted,
+                e2e90.value,
+                e2e99.value,
+            )
+            held_latency = self._latency.get(name)
+            if held_latency is not None and held_latency[0] == key:
+                continue  # re-reported as it was: the summaries stand
             self._latency[name] = (
-                _summary(sums.ttft_count, sums.ttft_weighted, worst[0], worst[1]),
-                _summary(sums.e2e_count, sums.e2e_weighted, worst[2], worst[3]),
+                key,
+                _summary(sums.ttft_count, sums.ttft_weighted, ttft90.value, ttft99.value),
+                _summary(sums.e2e_count, sums.e2e_weighted, e2e90.value, e2e99.value),
             )
         self._stale.clear()
         # With removed tenants among the figures, a count no longer says a gateway names every
         # pool tenant.
         oldest = _oldest_observed(records, None if draining else len(self._sums))
+        latency = self._latency
         return {
-            name: sums.load(*self._latency[name], oldest(name), now_wall_s)
+            name: sums.load(latency[name][1], latency[name][2], oldest(name), now_wall_s)
             for name, sums in self._sums.items()
         }
 
@@ -691,8 +737,43 @@ def _oldest_observed(
     return oldest
 
 
+class _Worst:
+    """The largest of a multiset of latencies that changes one value at a time, and how many
+    values equal it; 0.0 (a member that never leaves) when there is none. When the last value
+    at the largest leaves, the largest is not known until the values are walked again
+    (`unknown`): until then `value` bounds them from above, and a value that reaches it is the
+    largest again. So a gateway re-reporting the same figures (a full report: every figure
+    leaves, then comes back) never costs a walk over the gateways."""
+
+    __slots__ = ("count", "value")
+
+    def __init__(self) -> None:
+        self.value = 0.0
+        self.count = 1
+
+    def add(self, value: float) -> None:
+        if value > self.value:
+            self.value, self.count = value, 1
+        elif value == self.value:
+            self.count += 1
+
+    def remove(self, value: float) -> None:
+        if value == self.value and self.count > 0:
+            self.count -= 1
+
+    @property
+    def unknown(self) -> bool:
+        return self.count == 0
+
+    def recount(self, values: Iterable[float]) -> None:
+        self.value, self.count = 0.0, 1
+        for value in values:
+            self.add(value)
+
+
 class _Sums:
-    """One tenant's additive figures summed over gateways."""
+    """One tenant's additive figures summed over gateways, and its worst latencies (p90 and p99
+    of TTFT and end-to-end, over the gateways whose window holds samples)."""
 
     __slots__ = (
         "admitted",
@@ -704,12 +785,15 @@ class _Sums:
         "rejected",
         "ttft_count",
         "ttft_weighted",
+        "worst",
     )
 
     def __init__(self) -> None:
         self.in_flight = self.queued = self.admitted = self.completed = self.rejected = 0
         self.ttft_count = self.e2e_count = 0
         self.ttft_weighted = self.e2e_weighted = 0.0
+        self.worst = (_Worst(), _Worst(), _Worst(), _Worst())
+        """ttft p90, ttft p99, e2e p90, e2e p99."""
 
     def add(self, figures: TenantDemand, sign: int) -> None:
         self.in_flight += sign * figures.in_flight
@@ -717,12 +801,42 @@ class _Sums:
         self.admitted += sign * figures.admitted_total
         self.completed += sign * figures.completed_total
         self.rejected += sign * figures.rejected_total
+        worst = self.worst
         if figures.ttft.count > 0:
             self.ttft_count += sign * figures.ttft.count
             self.ttft_weighted += sign * figures.ttft.p50_ms * figures.ttft.count
+            if sign > 0:
+                worst[0].add(figures.ttft.p90_ms)
+                worst[1].add(figures.ttft.p99_ms)
+            else:
+                worst[0].remove(figures.ttft.p90_ms)
+                worst[1].remove(figures.ttft.p99_ms)
         if figures.e2e.count > 0:
             self.e2e_count += sign * figures.e2e.count
             self.e2e_weighted += sign * figures.e2e.p50_ms * figures.e2e.count
+            if sign > 0:
+                worst[2].add(figures.e2e.p90_ms)
+                worst[3].add(figures.e2e.p99_ms)
+            else:
+                worst[2].remove(figures.e2e.p90_ms)
+                worst[3].remove(figures.e2e.p99_ms)
+
+    @property
+    def worst_unknown(self) -> bool:
+        ttft90, ttft99, e2e90, e2e99 = self.worst
+        return not (ttft90.count and ttft99.count and e2e90.count and e2e99.count)
+
+    def recount_worst(self, held: Iterable[TenantDemand]) -> None:
+        """Walk the figures every gateway holds of the tenant again for its worst latencies."""
+        for w in self.worst:
+            w.recount(())
+        for figures in held:
+            if figures.ttft.count > 0:
+                self.worst[0].add(figures.ttft.p90_ms)
+                self.worst[1].add(figures.ttft.p99_ms)
+            if figures.e2e.count > 0:
+                self.worst[2].add(figures.e2e.p90_ms)
+                self.worst[3].add(figures.e2e.p99_ms)
 
     def load(
         self, ttft: LatencySummary, e2e: LatencySummary, oldest: float | None, now_wall_s: float

@@ -1,10 +1,21 @@
 """The control plane as one object: gRPC server, decision loops and /metrics, started and stopped
-in order; the state store opened, and the pools restored from it, before anything serves."""
+in order; the state store opened, and the pools restored from it, before anything serves.
+
+Every replica stands for the leader lease in the store (controlplane/leadership.py). The leader
+restores the pools from the store as it is elected (another leader may have changed them), then
+decides, publishes under its epoch, keeps state in the store, and reports SERVING for every
+service. A follower answers queries (AllocationService; GetDecisions reads the shared store) and
+health, reports NOT_SERVING for the leader's services and refuses their calls
+(controlplane/leader_gate.py). A leader that loses its lease stops publishing and drops its
+streams at once, and `deposed` is set: `slotshift controlplane` then exits (status
+DEPOSED_EXIT_STATUS, controlplane/main.py) to come back as a fresh follower.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 
 import grpc
 from aiohttp import web
@@ -13,6 +24,8 @@ from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controlplane.decision_loop import DecisionObserver
+from controlplane.leader_gate import LEADER_SERVICES, LeaderGate
+from controlplane.leadership import LeaderElection
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.pool_state import PoolState
 from controlplane.reflection import add_reflection
@@ -27,6 +40,8 @@ from controlplane.store.opening import store_from_config
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import ConfigError, SlotshiftConfig, read_secret_text
+from slotshift.keys import bearer_matches
+from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
 from slotshift.tls import load_server_credentials
 from slotshift.v1 import (
     admin_pb2,
@@ -112,6 +127,13 @@ class ControlPlane:
         )
         """The gateways' stream: Connect on the gRPC server, `serve` on any other stream."""
         self._tasks = Supervisor("controlplane")
+        self._leader_tasks = Supervisor("controlplane-leader")
+        self.election: LeaderElection | None = None
+        """This replica's part in the leader election, once start() has opened the store."""
+        self.deposed = asyncio.Event()
+        """Set once this replica has led and stopped leading (lost its lease): it publishes no
+        more, and its owner restarts it (controlplane/main.py)."""
+        self._leading = False
         # `aio` is set only when grpc.aio imports, so the stubs do not declare it.
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._server: grpc.aio.Server | None = None
@@ -125,15 +147,85 @@ class ControlPlane:
         store closed too) and raises."""
         keeper = await self._restore()
         try:
+            await self._stand(keeper)
             await self._serve(keeper)
         except BaseException:
             # A half-started control plane must not leave its server or its store behind.
             await self.stop()
             raise
 
+    @property
+    def leading(self) -> bool:
+        """Whether this replica leads now (it publishes allocations and serves the streams)."""
+        return self._leading
+
+    async def _stand(self, keeper: StateKeeper) -> None:
+        """Stand for the leader lease once before serving: a replica that gets it leads from
+        its first call (restoring the pools under the lease); one that does not restores them
+        for its queries and follows, standing again in the background."""
+        settings = self.config.controlplane
+        election = LeaderElection(
+            keeper.store,
+            holder=settings.replica_id or socket.gethostname(),
+            ttl_s=settings.leader_lease_ttl_s,
+            clock=self._clock,
+            on_elected=self._lead,
+            on_deposed=self._step_down,
+        )
+        self.election = election
+        await election.step()
+        if not election.leading:
+            await keeper.restore()
+            logger.info("controlplane follows: the leader lease is held by another replica")
+
+    async def _lead(self, epoch: int) -> None:
+        """Elected: restore the pools from the store as the last leader left them, then decide
+        and publish under `epoch`, and say SERVING for the leader's services."""
+        keeper = self.keeper
+        assert keeper is not None  # the election runs only once the store is open
+        await keeper.restore()
+        self.gateway_service.epoch = epoch
+        self._leading = True
+        tasks = self._leader_tasks
+        tasks.spawn("state-store/decisions", keeper.write_decisions())
+        tasks.spawn("state-store/versions", keeper.keep_versions_ahead())
+        tasks.spawn("state-store/retention", keeper.apply_retention())
+        tasks.spawn("state-store/gateways", keeper.keep_gateways())
+        for name, runtime in self.runtimes.items():
+            tasks.spawn(f"decision-loop/{name}", runtime.decisions())
+            tasks.spawn(f"regrants/{name}", runtime.regrants())
+        for service in LEADER_SERVICES:
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        logger.info("controlplane leads, epoch %d", epoch)
+
+    def _step_down(self, reason: str, *, deposed: bool = True) -> None:
+        """The lease is lost (or given up): publish nothing more, now. The decision loops and
+        the re-grants are cancelled, every gateway's stream is ended, the leader's calls are
+        refused from here on; when `deposed` (not a stop), `deposed` is set and health follows
+        in a task."""
+        if not self._leading:
+            return
+        self._leading = False
+        for task in self._leader_tasks.tasks:
+            task.cancel()
+        for state in self.pools.values():
+            state.close_sessions()
+        if not deposed:
+            return
+        self.deposed.set()
+        logger.error(
+            "controlplane no longer leads (%s): publishing stopped, streams dropped", reason
+        )
+        self._tasks.spawn("step-down", self._stepped_down(), forever=False)
+
+    async def _stepped_down(self) -> None:
+        for service in LEADER_SERVICES:
+            await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._leader_tasks.stop()
+
     async def _serve(self, keeper: StateKeeper) -> None:
         settings = self.config.controlplane
-        server = grpc.aio.server()
+        server = grpc.aio.server(interceptors=[LeaderGate(lambda: self._leading)])
         query_pb2_grpc.add_AllocationServiceServicer_to_server(
             AllocationQueryService(self.pools, history=keeper.history), server
         )
@@ -171,16 +263,23 @@ class ControlPlane:
         await server.start()
         self._server = server
         self._metrics_runner = await self._start_metrics(settings.grpc_host, settings.metrics_port)
-        self._tasks.spawn("state-store/decisions", keeper.write_decisions())
-        self._tasks.spawn("state-store/versions", keeper.keep_versions_ahead())
-        self._tasks.spawn("state-store/retention", keeper.apply_retention())
-        for name, runtime in self.runtimes.items():
-            self._tasks.spawn(f"decision-loop/{name}", runtime.decisions())
-            self._tasks.spawn(f"regrants/{name}", runtime.regrants())
+        assert self.election is not None
+        self._tasks.spawn("leader-election", self.election.run(), forever=False)
+        leader_status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if self._leading
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
         for service in ("", *SERVICE_NAMES[:-1]):
-            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+            await self._health.set(
+                service,
+                leader_status
+                if service in LEADER_SERVICES
+                else health_pb2.HealthCheckResponse.SERVING,
+            )
         logger.info(
-            "controlplane ready: gRPC%s on %s:%d, metrics on :%d, pools %s",
+            "controlplane ready (%s): gRPC%s on %s:%d, metrics on :%d, pools %s",
+            "leader" if self._leading else "follower",
             "" if settings.tls is None else " (TLS)",
             settings.grpc_host,
             self.grpc_port,
@@ -213,7 +312,20 @@ class ControlPlane:
         return keeper
 
     async def _start_metrics(self, host: str, port: int) -> web.AppRunner:
-        async def metrics(_: web.Request) -> web.Response:
+        token_file = self.config.controlplane.metrics_token_file
+        token = (
+            None
+            if token_file is None
+            else await asyncio.to_thread(
+                metrics_token_digest, token_file, "controlplane.metrics_token_file"
+            )
+        )
+
+        async def metrics(request: web.Request) -> web.Response:
+            if token is not None and not bearer_matches(
+                request.headers.get("Authorization"), token
+            ):
+                return metrics_unauthorized()
             return web.Response(
                 body=generate_latest(self.metrics.registry),
                 headers={"Content-Type": CONTENT_TYPE_LATEST},
@@ -233,8 +345,14 @@ class ControlPlane:
         return runner
 
     async def stop(self) -> None:
-        """Health NOT_SERVING, stop deciding, end the gateways' streams, stop serving."""
+        """Health NOT_SERVING, stop deciding, end the gateways' streams, hand the leader lease
+        over (a follower takes it at once), stop serving."""
         await self._health.enter_graceful_shutdown()
+        self._step_down("stopping", deposed=False)
+        await self._leader_tasks.stop()
+        if self.election is not None:
+            # Only once nothing publishes: the next leader may start the moment it is released.
+            await self.election.resign()
         await self._tasks.stop()
         for runtime in self.runtimes.values():
             await runtime.close()

@@ -11,7 +11,10 @@ At start-up (`restore`, before anything serves), per pool:
 
 While it runs: admin changes are written through (`record_change`, awaited by the admin API
 before the change applies), decisions are flushed every `decision_flush_interval_ms`, the
-version ceiling is moved ahead of the published versions, and retention prunes old decisions.
+version ceiling is moved ahead of the published versions, retention prunes old decisions, and
+each pool's gateways (their ids) are written when they change (`keep_gateways`): the next leader
+ends its restart hold as soon as all of them have said hello (`restore` tells the pools whom to
+expect).
 GetDecisions' history reads come from the store (`history`), after a flush.
 """
 
@@ -39,6 +42,9 @@ to this much (versions are int64)."""
 
 VERSION_CHECK_INTERVAL_S = 1.0
 """How often the published versions are compared with the stored ceiling."""
+
+GATEWAYS_CHECK_INTERVAL_S = 1.0
+"""How often each pool's gateways are compared with the stored registry."""
 
 MAX_PENDING_DECISIONS = 10_000
 """Decisions held while the store cannot be written; beyond this a pool's pending decisions
@@ -76,6 +82,7 @@ class StateKeeper:
         self._pending: list[LoggedDecision] = []
         self._flush_lock = asyncio.Lock()
         self._ceilings: dict[str, int] = {}
+        self._gateways_stored: dict[str, tuple[str, ...]] = {}
         self._failing = False
         """Whether the last write of decisions failed (the error is logged once per streak)."""
 
@@ -110,6 +117,9 @@ class StateKeeper:
         if counters.config_version > 0:
             runtime.restore_config(result.pool, result.key_digests, counters.config_version)
         state = runtime.state
+        gateways = tuple(await self.store.gateways(name))
+        self._gateways_stored[name] = gateways
+        state.expect_gateways(gateways)
         state.decisions = DecisionLog(
             self._decision_log_size,
             first_id=counters.decision_id + 1,
@@ -118,13 +128,14 @@ class StateKeeper:
         )
         logger.info(
             "pool %s restored from the state store: config v%d (%d stored changes applied, %d "
-            "dropped), allocation versions above %d, decisions from id %d",
+            "dropped), allocation versions above %d, decisions from id %d, %d gateways expected",
             name,
             state.config_version,
             len(result.applied),
             len(result.dropped),
             counters.allocation_version,
             counters.decision_id + 1,
+            len(gateways),
         )
 
     async def record_change(self, change: Override) -> None:
@@ -206,6 +217,28 @@ class StateKeeper:
                 logger.error("state store: cannot move pool %s's version ceiling: %s", name, exc)
                 continue
             self._ceilings[name] = ceiling
+
+    async def keep_gateways(self) -> None:
+        """Store each pool's gateways (those it counts: connected or within their lease) when
+        they changed, checked every GATEWAYS_CHECK_INTERVAL_S, until cancelled."""
+        while True:
+            await asyncio.sleep(GATEWAYS_CHECK_INTERVAL_S)
+            await self.store_gateways()
+
+    async def store_gateways(self) -> None:
+        """Write the pools' gateways that changed since last written (errors logged, retried
+        at the next check). Not while a pool's restart hold is on: the gateways it waits for
+        stay stored until they came back or their lease ran out."""
+        for name, runtime in self._runtimes.items():
+            ids = runtime.state.gateways.ids
+            if runtime.state.holding or self._gateways_stored.get(name) == ids:
+                continue
+            try:
+                await self.store.set_gateways(name, ids)
+            except StoreError as exc:
+                logger.error("state store: cannot store pool %s's gateways: %s", name, exc)
+                continue
+            self._gateways_stored[name] = ids
 
     async def apply_retention(self) -> None:
         """Prune the stored decisions every retention_interval_s, until cancelled."""

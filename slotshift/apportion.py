@@ -15,7 +15,16 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+from numpy.typing import NDArray
+
 from slotshift.config import PoolConfig
+
+Slots = NDArray[np.int64]
+"""Whole slots, one per claim."""
+
+Targets = NDArray[np.float64]
+"""Claims' targets, one per claim."""
 
 
 class ApportionError(ValueError):
@@ -69,6 +78,35 @@ def apportion(total: int, claims: Sequence[Claim]) -> list[int]:
         for i, share in zip(zero, _proportional(rest, even), strict=True):
             shares[i] = share
     return _round(total, claims, shares)
+
+
+def apportion_arrays(total: int, lower: Slots, upper: Slots, target: Targets) -> Slots:
+    """`apportion` over claims given as arrays (the i-th claim is Claim(lower[i], upper[i],
+    target[i])): the same result, as an int64 array, and the same ApportionError.
+
+    The float arithmetic is `apportion`'s, element for element, and every sum of floats is
+    Python's own `sum` over the same values in the same order, so the results are equal exactly
+    (tests/unit/slotshift/test_apportion.py checks it on random cases), not just close. A pass
+    over 10,000 claims is a few vectorised operations instead of a Python loop.
+    """
+    lower = np.asarray(lower, dtype=np.int64)
+    upper = np.asarray(upper, dtype=np.int64)
+    target = np.asarray(target, dtype=np.float64)
+    _check_arrays(total, lower, upper, target)
+    if lower.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    positive = target > 0
+    zero = ~positive
+    positive_uppers = int(upper[positive].sum())
+    if positive_uppers + int(lower[zero].sum()) >= total:
+        shares = _proportional_arrays(total, lower, upper, target)
+    else:
+        # The positive targets saturate; the zero-target claims share the rest evenly.
+        shares = np.where(positive, upper, 0).astype(np.float64)
+        shares[zero] = _proportional_arrays(
+            total - positive_uppers, lower[zero], upper[zero], np.ones(int(zero.sum()))
+        )
+    return _round_arrays(total, lower, upper, shares)
 
 
 def nominal_shares(pool: PoolConfig) -> dict[str, int]:
@@ -128,6 +166,86 @@ def _check(total: int, claims: Sequence[Claim]) -> None:
         raise ApportionError(
             f"total {total} lies outside [{lowers}, {uppers}], the sums of the lower and upper bounds"
         )
+
+
+def _check_arrays(total: int, lower: Slots, upper: Slots, target: Targets) -> None:
+    """`_check` over arrays: the same error for the same first offending claim."""
+    if total < 0:
+        raise ApportionError(f"total must not be negative, got {total}")
+    bad_bounds = (lower < 0) | (upper < lower)
+    bad_target = ~np.isfinite(target) | (target < 0)
+    bad = np.flatnonzero(bad_bounds | bad_target)
+    if bad.size:
+        index = int(bad[0])
+        if bad_bounds[index]:
+            raise ApportionError(
+                f"claim {index}: bounds must satisfy 0 <= lower <= upper, got "
+                f"[{int(lower[index])}, {int(upper[index])}]"
+            )
+        raise ApportionError(
+            f"claim {index}: target must be finite and >= 0, got {float(target[index])}"
+        )
+    lowers = int(lower.sum())
+    uppers = int(upper.sum())
+    if not lowers <= total <= uppers:
+        raise ApportionError(
+            f"total {total} lies outside [{lowers}, {uppers}], the sums of the lower and upper bounds"
+        )
+
+
+def _proportional_arrays(total: int, lower: Slots, upper: Slots, target: Targets) -> Targets:
+    """`_proportional` over arrays, with the same breakpoints, the same binary search and the
+    same sums (Python's `sum` over the values in claim order: numpy's pairwise sum would round
+    differently)."""
+    low = lower.astype(np.float64)
+    high = upper.astype(np.float64)
+
+    def clamped(p: float) -> Targets:
+        result: Targets = np.minimum(np.maximum(p * target, low), high)
+        return result
+
+    def filled(p: float) -> float:
+        return float(sum(clamped(p).tolist()))
+
+    positive = target > 0
+    # A tiny target puts its breakpoints at infinity, as Python's division does.
+    with np.errstate(over="ignore"):
+        scaled_bounds = (lower[positive] / target[positive], upper[positive] / target[positive])
+    breakpoints: list[float] = np.unique(np.concatenate(([0.0], *scaled_bounds))).tolist()
+    previous = breakpoints[0]
+    if filled(previous) >= total:
+        return clamped(previous)
+    index = bisect.bisect_left(breakpoints, True, lo=1, key=lambda point: filled(point) >= total)
+    if index == len(breakpoints):
+        return np.where(positive, high, low)
+    previous, point = breakpoints[index - 1], breakpoints[index]
+    middle = (previous + point) / 2
+    scaled = middle * target
+    slope = sum(target[(lower < scaled) & (scaled < upper)].tolist())
+    p = previous + (total - filled(previous)) / slope if slope > 0 else point
+    return clamped(p)
+
+
+def _round_arrays(total: int, lower: Slots, upper: Slots, shares: Targets) -> Slots:
+    """`_round` over arrays: floor, then the remainder by largest fraction (ties by position),
+    one slot per claim per round; a surplus taken back from the smallest fractions first."""
+    result: Slots = np.minimum(np.maximum(np.floor(shares + 1e-9).astype(np.int64), lower), upper)
+    fractions = shares - result
+    remainder = total - int(result.sum())
+    order = np.lexsort((np.arange(result.size), -fractions))
+    while remainder > 0:
+        room = order[result[order] < upper[order]]
+        if room.size == 0:
+            break  # unreachable: the check keeps total within the uppers
+        chosen = room[:remainder]
+        result[chosen] += 1
+        remainder -= int(chosen.size)
+    if remainder < 0:
+        backwards = order[::-1]
+        spare = result[backwards] - lower[backwards]
+        before = np.cumsum(spare) - spare
+        result[backwards] -= np.clip(-remainder - before, 0, spare)
+    return result
 
 
 def _proportional(total: int, claims: Sequence[Claim]) -> list[float]:

@@ -9,6 +9,7 @@ the comparison's time says nothing of a key's length). A caller presents a key a
 from __future__ import annotations
 
 import hashlib
+import hmac
 
 
 class BearerError(ValueError):
@@ -40,3 +41,13 @@ def bearer_token(authorization: str | None) -> str:
     if scheme.lower() != "bearer" or not token or any(c.isspace() for c in token):
         raise MalformedBearer("authorization is not of the form 'Bearer TOKEN'")
     return token
+
+
+def bearer_matches(authorization: str | None, digest: bytes) -> bool:
+    """Whether an authorization value carries `Bearer TOKEN` with the token whose key_digest is
+    `digest` (compared in constant time); False for a missing or malformed value."""
+    try:
+        presented = key_digest(bearer_token(authorization))
+    except BearerError:
+        return False
+    return hmac.compare_digest(presented, digest)

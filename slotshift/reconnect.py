@@ -13,7 +13,13 @@ settings; this client does the rest the same way for both:
   unreachable" with the count of failed attempts when that count reaches 1, 2, 4, 8, ... (the
   first failure from the start is the "unreachable" warning), never one per attempt;
 - time (the clock that measures how long a stream stayed open, the sleep between attempts) and
-  the jitter's random source are injected.
+  the jitter's random source are injected;
+- a peer that runs as several replicas of which one serves the stream at a time (the control
+  plane's leader, controlplane/leadership.py) is given as `Targets`: each attempt goes to one
+  address, first asking it through gRPC health whether it serves the stream's service; one that
+  says NOT_SERVING, cannot be reached, or ends the stream sends the next attempt to the next
+  address, at once while some address of the round is still untried, after the backoff delay
+  once every address was tried.
 
 Why a fresh channel per attempt: a grpc.aio channel that has lost its server reconnects on its
 own, with a backoff of its own (growing to two minutes by default) that ours does not reset. On
@@ -30,10 +36,11 @@ import asyncio
 import enum
 import logging
 import random
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from slotshift.backoff import Backoff
 from slotshift.clock import Clock
@@ -76,6 +83,74 @@ Sleep = Callable[[float], Coroutine[Any, Any, None]]
 """Waits the given seconds (asyncio.sleep in production; tests pass one that returns at once)."""
 
 
+HEALTH_CHECK_TIMEOUT_S = 2.0
+"""Longest a replica may take to say whether it serves (Targets): a slow one counts as not."""
+
+
+class Targets:
+    """The addresses of a peer that runs as several replicas, one of which serves the stream at
+    a time: tried in turn, each asked first (gRPC health, `health_service`) whether it serves.
+
+    open_channel: a new channel to the address it is given (the stream closes it). With one
+    address nothing is asked: the address is the peer.
+    """
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        open_channel: Callable[[str], grpc.aio.Channel],
+        *,
+        health_service: str,
+        check_timeout_s: float = HEALTH_CHECK_TIMEOUT_S,
+    ) -> None:
+        if not addresses:
+            raise ValueError("Targets: at least one address")
+        self.addresses = tuple(addresses)
+        self._open_channel = open_channel
+        self._health_service = health_service
+        self._check_timeout_s = check_timeout_s
+        self._index = 0
+        self._round_began = 0
+
+    @property
+    def current(self) -> str:
+        """The address the next attempt goes to."""
+        return self.addresses[self._index]
+
+    def open_channel(self) -> grpc.aio.Channel:
+        """A new channel to the current address."""
+        return self._open_channel(self.current)
+
+    async def refusal(self, channel: grpc.aio.Channel) -> str | None:
+        """Why the current address will not serve the stream (NOT_SERVING, unreachable, too
+        slow to say), None when it does, or when it has no health service to ask (UNIMPLEMENTED:
+        it is no replica set) or is the only address."""
+        if len(self.addresses) == 1:
+            return None
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=self._health_service)
+        try:
+            response = await stub.Check(request, timeout=self._check_timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                return None
+            return f"health check: {exc.code().name}"
+        if response.status == health_pb2.HealthCheckResponse.SERVING:
+            return None
+        return (
+            f"{health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)} for the stream"
+        )
+
+    def served(self) -> None:
+        """The current address serves: a new round of attempts begins from it."""
+        self._round_began = self._index
+
+    def advance(self) -> bool:
+        """Move to the next address; whether every address of this round has now been tried."""
+        self._index = (self._index + 1) % len(self.addresses)
+        return self._index == self._round_began
+
+
 class ReconnectingStream:
     """Keeps one stream to a peer open: opens it, and opens it again whenever it ends.
 
@@ -86,7 +161,7 @@ class ReconnectingStream:
         self,
         body: SessionBody,
         *,
-        open_channel: Callable[[], grpc.aio.Channel],
+        open_channel: Callable[[], grpc.aio.Channel] | Targets,
         stream: str,
         peer: str,
         initial_s: float,
@@ -99,8 +174,10 @@ class ReconnectingStream:
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         """body: the service's session (see SessionBody).
-        open_channel: a new channel to the peer each call; the client closes it.
-        stream, peer: for the log lines, e.g. "telemetry stream", "the control plane at HOST:PORT".
+        open_channel: a new channel to the peer each call; the client closes it. Or the
+        `Targets` of a peer with several replicas (the module docstring says how they are tried).
+        stream, peer: for the log lines, e.g. "telemetry stream", "the control plane at HOST:PORT"
+        (with Targets: "the control plane", the address is added).
         initial_s, max_s: the first delay between attempts and the cap on it (seconds); ValueError
         unless 0 < initial_s <= max_s.
         healthy_after_s: seconds a stream must stay open to reset the delay; max_s by default (a
@@ -108,9 +185,12 @@ class ReconnectingStream:
         logger: the service's logger; every line goes there.
         """
         self._body = body
-        self._open_channel = open_channel
+        self._targets = open_channel if isinstance(open_channel, Targets) else None
+        self._open_channel = (
+            open_channel.open_channel if isinstance(open_channel, Targets) else open_channel
+        )
         self._stream = stream
-        self._peer = peer
+        self._peer_name = peer
         self._max_s = max_s
         self._backoff = Backoff(initial_s, max_s, rng)
         self._healthy_after_s = max_s if healthy_after_s is None else healthy_after_s
@@ -129,6 +209,12 @@ class ReconnectingStream:
         self._stopping = asyncio.Event()
         self._running = False
         self._ended = asyncio.Event()
+
+    @property
+    def _peer(self) -> str:
+        if self._targets is None:
+            return self._peer_name
+        return f"{self._peer_name} at {self._targets.current}"
 
     @property
     def connected(self) -> bool:
@@ -183,13 +269,25 @@ class ReconnectingStream:
         self._opened_at = None
         channel = self._open_channel()
         try:
-            try:
-                ending = await self._body(channel, self._opened)
-            except STREAM_GONE as exc:
-                ending = _describe(exc)
+            refusal = None if self._targets is None else await self._targets.refusal(channel)
+            if refusal is not None:
+                ending = refusal
+            else:
+                try:
+                    ending = await self._body(channel, self._opened)
+                except STREAM_GONE as exc:
+                    ending = _describe(exc)
             if self._stopping.is_set():
                 return None
-            return self._ended_with(ending)
+            if self._targets is None:
+                return self._ended_with(ending)
+            # The next attempt goes to the next replica: at once while the round has some left
+            # untried, after the backoff once all were (or after a stream that was open).
+            was_open = self._opened_at is not None
+            delay_s = self._ended_with(ending, pause=was_open)
+            if self._targets.advance() and not was_open:
+                delay_s = self._backoff.next_delay_s()
+            return delay_s
         finally:
             # Stopped, cancelled, or the body failed: the stream was ours to end.
             if self._connected:
@@ -202,6 +300,8 @@ class ReconnectingStream:
             return
         self._opened_at = self._clock.monotonic()
         self.sessions_started += 1
+        if self._targets is not None:
+            self._targets.served()
         tries = self._failures + 1
         self._failures = 0
         note = self._change(StreamState.CONNECTED)
@@ -213,8 +313,9 @@ class ReconnectingStream:
             note,
         )
 
-    def _ended_with(self, ending: str) -> float:
-        """Log the end of an attempt as a change of state (or not), and draw the next delay."""
+    def _ended_with(self, ending: str, *, pause: bool = True) -> float:
+        """Log the end of an attempt as a change of state (or not), and draw the next delay
+        (0 without `pause`: a failed attempt that another replica follows at once)."""
         if self._opened_at is not None:
             if self._clock.monotonic() - self._opened_at >= self._healthy_after_s:
                 self._backoff.reset()
@@ -224,7 +325,7 @@ class ReconnectingStream:
             )
             return self._backoff.next_delay_s()
         self._failures += 1
-        delay_s = self._backoff.next_delay_s()
+        delay_s = self._backoff.next_delay_s() if pause else 0.0
         if self._failures == 1 and self.sessions_started == 0:
             note = self._change(StreamState.UNREACHABLE)
             self._logger.warning(

@@ -189,6 +189,20 @@ def _add_simulate_parser(commands: Any) -> None:
         "tenant's SLO attainment >= a (feasible and upper bound), with where each policy lands",
     )
     simulate.add_argument(
+        "--replay",
+        type=Path,
+        nargs="+",
+        metavar="LOG",
+        help="replay these request logs (gateway.request_log files, several gateways' and "
+        "rotated parts merged by arrival) instead of the scenario's arrivals; the run lasts "
+        "the log's span",
+    )
+    simulate.add_argument(
+        "--replay-pool",
+        metavar="POOL",
+        help="with --replay: the pool whose requests are replayed (default: the log's only one)",
+    )
+    simulate.add_argument(
         "--log-level",
         default=os.environ.get("SLOTSHIFT_LOG_LEVEL", "WARNING"),
         help="log level (default %(default)s)",
@@ -334,6 +348,13 @@ def _simulate(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"slotshift: {exc}", file=sys.stderr)
         return 2
+    if args.replay_pool is not None and args.replay is None:
+        print("slotshift: --replay-pool needs --replay", file=sys.stderr)
+        return 2
+    if args.frontier and args.replay is not None:
+        # The oracle knows a scenario's drawn arrivals, not a log's.
+        print("slotshift: --frontier and --replay do not go together", file=sys.stderr)
+        return 2
     if args.frontier:
         from slotshift_tools.twin.frontier_command import run_frontier
 
@@ -353,6 +374,8 @@ def _simulate(args: argparse.Namespace) -> int:
         overrides=overrides,
         runs=args.runs,
         settings=settings,
+        replay=args.replay,
+        replay_pool=args.replay_pool,
     )
 
 

@@ -76,7 +76,16 @@ class Phases:
 
 async def run_demo(config: SlotshiftConfig, *, duration_s: float) -> bool:
     """Run the demo against the running stack; print the table; True when every check held."""
-    pool = config.pool(config.gateway.pool)
+    pools = config.fronted_pools()
+    if len(pools) != 1:
+        print(
+            "the demo load is the study's, on one pool: run it with a one-pool config "
+            "(deploy/local/slotshift.yaml); the fleet demo is `slotshift up --config "
+            "deploy/local/fleet.yaml` and any OpenAI client",
+            flush=True,
+        )
+        return False
+    (pool,) = pools
     keys = {t.name: reveal(t.api_keys[0]) for t in pool.tenants if t.api_keys}
     if set(keys) < {"A", "B"}:
         print("the demo needs tenants A and B with API keys in the pool", flush=True)
@@ -225,7 +234,7 @@ async def _pauses(session: aiohttp.ClientSession, gateways: list[str]) -> dict[s
 
 async def _engine_in_server(session: aiohttp.ClientSession, config: SlotshiftConfig) -> int | None:
     """Requests inside the engine (running plus waiting), from its /metrics."""
-    url = config.agent.engine_of(config.gateway.pool).metrics_url
+    url = config.agent.engine_of(config.fronted_pools()[0].name).metrics_url
     with contextlib.suppress(aiohttp.ClientError, TimeoutError):
         async with session.get(url) as response:
             return requests_inside(await response.text())

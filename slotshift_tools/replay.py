@@ -43,7 +43,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 
 from slotshift.request_log import Outcome, RequestRecord
-from slotshift_tools.bench.arrivals import PROMPT_TOKEN_ID_RANGE, RequestShape
+from slotshift_tools.bench.arrivals import PROMPT_TOKEN_ID_RANGE, RequestShape, uniform_ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +77,11 @@ class ReplayedRequest:
 
     def shape(self, rng: random.Random) -> RequestShape:
         """The request as the bench's client sends it: `prompt_tokens` random token ids drawn
-        from `rng` (the bench's range, clear of special tokens) and max_tokens."""
+        from `rng` (the bench's range, clear of special tokens), max_tokens, streamed or not as
+        recorded."""
         low, high = PROMPT_TOKEN_ID_RANGE
         return RequestShape(
-            [rng.randrange(low, high) for _ in range(self.prompt_tokens)], self.output_tokens
+            uniform_ids(rng, low, high, self.prompt_tokens), self.output_tokens, self.streamed
         )
 
 

@@ -56,7 +56,10 @@ class _WatchedEngine:
         self.pool = engine.pool
         self.metrics = metrics
         self.scraper = EngineScraper(
-            engine.metrics_url, timeout_s=config.scrape_timeout_s, clock=clock
+            engine.metrics_url,
+            timeout_s=config.scrape_timeout_s,
+            clock=clock,
+            tls=engine.metrics_tls,
         )
         self.gpus = EngineGpus(engine)
         self.stream = TelemetryStream(
@@ -124,7 +127,11 @@ class TelemetryAgent:
         ]
         self._gpus = GpuMonitor(gpu_reader or PynvmlReader())
         self._http = AgentHttpServer(
-            self.metrics.registry, self._health, host=config.host, port=config.metrics_port
+            self.metrics.registry,
+            self._health,
+            host=config.host,
+            port=config.metrics_port,
+            token_file=config.metrics_token_file,
         )
         self._supervisor = Supervisor(f"telemetry_agent[{self.agent_id}]")
         self._serving = False

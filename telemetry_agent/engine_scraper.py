@@ -8,12 +8,16 @@ so the next good one covers the whole gap and loses no observation.
 
 from __future__ import annotations
 
+import asyncio
 import math
+import ssl
 from dataclasses import dataclass
 
 import aiohttp
 
 from slotshift.clock import Clock
+from slotshift.config import ClientTlsConfig
+from slotshift.tls import client_ssl_context
 from slotshift.v1 import common_pb2, telemetry_pb2
 from telemetry_agent.histogram import (
     CumulativeHistogram,
@@ -53,8 +57,13 @@ class EngineScraper:
     open() before the first scrape, close() at the end (they own the HTTP session).
     """
 
-    def __init__(self, url: str, *, timeout_s: float, clock: Clock) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float, clock: Clock, tls: ClientTlsConfig | None = None
+    ) -> None:
+        """tls: how an https `url` is checked (a client certificate when it has one); None: the
+        system's roots."""
         self._url = url
+        self._tls = tls
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
@@ -63,7 +72,13 @@ class EngineScraper:
     async def open(self) -> None:
         """Create the HTTP session."""
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            tls = self._tls
+            checked: ssl.SSLContext | bool = (
+                True if tls is None else await asyncio.to_thread(client_ssl_context, tls)
+            )
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, connector=aiohttp.TCPConnector(ssl=checked)
+            )
 
     async def close(self) -> None:
         """Close the HTTP session."""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from slotshift.keys import bearer_matches
+from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
 
 
 class AgentHttpServer:
@@ -21,8 +25,12 @@ class AgentHttpServer:
         *,
         host: str,
         port: int,
+        token_file: str | None = None,
     ) -> None:
+        """token_file: the bearer token /metrics asks for (read at start); None: open."""
         self._registry = registry
+        self._token_file = token_file
+        self._token_digest: bytes | None = None
         self._health = health
         self._host = host
         self._port = port
@@ -32,6 +40,10 @@ class AgentHttpServer:
 
     async def start(self) -> None:
         """Bind and start serving."""
+        if self._token_file is not None:
+            self._token_digest = await asyncio.to_thread(
+                metrics_token_digest, self._token_file, "agent.metrics_token_file"
+            )
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/health", self._health_check)
@@ -53,7 +65,11 @@ class AgentHttpServer:
             await self._runner.cleanup()
             self._runner = None
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
+    async def _metrics(self, request: web.Request) -> web.Response:
+        if self._token_digest is not None and not bearer_matches(
+            request.headers.get("Authorization"), self._token_digest
+        ):
+            return metrics_unauthorized()
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import grpc
 from opentelemetry import trace
@@ -24,7 +24,7 @@ from opentelemetry.context import Context
 from slotshift.clock import Clock
 from slotshift.config import ClientTlsConfig
 from slotshift.newest import NewestBox
-from slotshift.reconnect import STREAM_GONE, ReconnectingStream, StreamState
+from slotshift.reconnect import STREAM_GONE, ReconnectingStream, StreamState, Targets
 from slotshift.tls import ChannelSecurity, load_channel_security, open_channel
 from slotshift.trace_context import carrier_of, grpc_metadata
 from slotshift.v1 import telemetry_pb2, telemetry_pb2_grpc
@@ -48,7 +48,7 @@ class TelemetryStream:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         pool: str,
         reconnect_initial_s: float,
@@ -59,7 +59,11 @@ class TelemetryStream:
         tracer: trace.Tracer | None = None,
         tls: ClientTlsConfig | None = None,
     ) -> None:
-        self._target = target
+        self._targets = Targets(
+            (target,) if isinstance(target, str) else tuple(target),
+            self._open_channel,
+            health_service=telemetry_pb2.DESCRIPTOR.services_by_name["TelemetryService"].full_name,
+        )
         self._tls = tls
         self._security: ChannelSecurity | None = None
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
@@ -69,9 +73,9 @@ class TelemetryStream:
         self._latest: NewestBox[telemetry_pb2.TelemetryReport] = NewestBox()
         self._link = ReconnectingStream(
             self._session,
-            open_channel=self._open_channel,
+            open_channel=self._targets,
             stream=f"telemetry stream of pool {pool}",
-            peer=f"the control plane at {target}",
+            peer="the control plane",
             initial_s=reconnect_initial_s,
             max_s=reconnect_max_s,
             clock=clock,
@@ -107,8 +111,8 @@ class TelemetryStream:
         if not await self._link.wait_stopped(timeout_s):
             logger.warning("telemetry stream did not close within %.1f s", timeout_s)
 
-    def _open_channel(self) -> grpc.aio.Channel:
-        return open_channel(self._target, self._security)
+    def _open_channel(self, target: str) -> grpc.aio.Channel:
+        return open_channel(target, self._security)
 
     async def _session(self, channel: grpc.aio.Channel, opened: Callable[[], None]) -> str:
         """One stream, from its opening to its end (see slotshift.reconnect.SessionBody)."""
@@ -119,7 +123,7 @@ class TelemetryStream:
             attributes={
                 "rpc.system": "grpc",
                 "rpc.method": "slotshift.v1.TelemetryService/StreamTelemetry",
-                "server.address": self._target,
+                "server.address": self._targets.current,
             },
         )
         stub = telemetry_pb2_grpc.TelemetryServiceStub(channel)

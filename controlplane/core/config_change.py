@@ -77,6 +77,26 @@ def check_new_keys(
     return tuple(dict.fromkeys(new))
 
 
+def check_fleet_keys(
+    tenant: str, new: Iterable[bytes], fleet: Mapping[str, Iterable[bytes]]
+) -> None:
+    """A tenant is one name and one set of keys in every pool it is in (the gateways find the
+    tenant from the key before the pool): ConfigChangeError when `tenant` holds other keys in
+    another pool (`fleet`: tenant -> its digests over every pool), or a new key identifies
+    another tenant anywhere."""
+    new = set(new)
+    held = fleet.get(tenant)
+    if held is not None and set(held) != new:
+        raise ConfigChangeError(
+            "tenant.api_keys",
+            f"tenant {tenant} holds other keys in another pool: give it the same keys in every "
+            "pool it is in",
+        )
+    taken = {d for other, ds in fleet.items() if other != tenant for d in ds}
+    if taken.intersection(new):
+        raise ConfigChangeError("tenant.api_keys", "a key already identifies another tenant")
+
+
 def add_tenant(pool: PoolConfig, name: str, settings: Mapping[str, Any]) -> PoolConfig:
     """`pool` with a new tenant (without API keys: see check_new_keys)."""
     _check_settings(settings)

@@ -17,6 +17,9 @@ no preemptible tenant it says that every tenant holds at least its reserve.
 
 `hold_reserves` repairs any valid set of limits to obey the rule; the decision loop applies it to
 every decision before validation, and validation rejects limits that still break it.
+Each function works on whole arrays (controlplane/core/columns.py); the `_column` forms take and
+give arrays in the pool's tenant order, the others mappings. Their per-tenant form is kept as the
+reference they must equal (tests/unit/controlplane/reference_policy.py).
 Pure: no I/O, no clock.
 """
 
@@ -25,8 +28,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol, runtime_checkable
 
-from slotshift.apportion import nominal_shares
-from slotshift.config import PoolConfig, TenantConfig
+import numpy as np
+
+from controlplane.core.columns import Counts, PoolColumns, configured_reserve, pool_columns
+from slotshift.config import PoolConfig
+
+__all__ = [
+    "HoldsReserves",
+    "configured_reserve",
+    "configured_reserves",
+    "describe_moves",
+    "excess_of",
+    "hold_reserves",
+    "hold_reserves_column",
+    "preemptible_tenants",
+    "reserve_excess",
+    "reserves_in_force",
+    "reserves_in_force_column",
+]
 
 
 @runtime_checkable
@@ -38,40 +57,34 @@ class HoldsReserves(Protocol):
     def reserves(self) -> Mapping[str, int] | None: ...
 
 
-def configured_reserve(tenant: TenantConfig, nominal: int) -> int:
-    """The reserve `lendable_percent` sets: the nominal share less its lendable part, at least the
-    floor; never above `nominal` (a floor is never above the nominal share)."""
-    lendable = round(nominal * tenant.lendable_percent / 100)
-    return min(nominal, max(tenant.floor_slots, nominal - lendable))
-
-
 def configured_reserves(pool: PoolConfig) -> dict[str, int]:
     """Every tenant's `configured_reserve`, against its nominal share."""
-    nominal = nominal_shares(pool)
-    return {t.name: configured_reserve(t, nominal[t.name]) for t in pool.tenants}
+    columns = pool_columns(pool)
+    return columns.mapping(columns.configured_reserve)
 
 
 def reserves_in_force(pool: PoolConfig, policy_state: object | None) -> dict[str, int]:
     """The reserves a decision must hold: those the policy state names (HoldsReserves), else the
     configured ones; a tenant the state does not name gets its configured reserve, and each is
     clamped to [floor, nominal share] (a reserve above the nominal share could not be held)."""
-    configured = configured_reserves(pool)
+    columns = pool_columns(pool)
+    return columns.mapping(reserves_in_force_column(columns, policy_state))
+
+
+def reserves_in_force_column(columns: PoolColumns, policy_state: object | None) -> Counts:
+    """`reserves_in_force` as an array in the pool's order."""
     named = policy_state.reserves if isinstance(policy_state, HoldsReserves) else None
     if not named:
-        return configured
-    nominal = nominal_shares(pool)
-    return {
-        t.name: min(nominal[t.name], max(t.floor_slots, named.get(t.name, configured[t.name])))
-        for t in pool.tenants
-    }
+        return columns.configured_reserve
+    values = columns.column(named, default=columns.configured_reserve)
+    clamped: Counts = np.minimum(columns.nominal, np.maximum(columns.floor, values))
+    return clamped
 
 
 def preemptible_tenants(pool: PoolConfig) -> frozenset[str]:
     """Tenants whose borrowed work is paused when a lender needs its slots back: those that opted
     in (`preemptible`), while the pool's preemption is enabled (otherwise nobody is)."""
-    if not pool.preemption.enabled:
-        return frozenset()
-    return frozenset(t.name for t in pool.tenants if t.preemptible)
+    return pool_columns(pool).preemptible_names
 
 
 def reserve_excess(limits: Mapping[str, int], pool: PoolConfig, reserves: Mapping[str, int]) -> int:
@@ -80,15 +93,16 @@ def reserve_excess(limits: Mapping[str, int], pool: PoolConfig, reserves: Mappin
 
     `limits` must name every tenant of the pool; `reserves` may omit tenants (reserve 0).
     """
-    nominal = nominal_shares(pool)
-    preemptible = preemptible_tenants(pool)
-    lent_from_reserves = sum(
-        max(0, min(reserves.get(t.name, 0), nominal[t.name]) - limits[t.name]) for t in pool.tenants
-    )
-    borrowed_by_preemptible = sum(
-        max(0, limits[name] - nominal[name]) for name in preemptible if name in limits
-    )
-    return lent_from_reserves - borrowed_by_preemptible
+    columns = pool_columns(pool)
+    return excess_of(columns, columns.column(limits), columns.column(reserves, _zeros(columns)))
+
+
+def excess_of(columns: PoolColumns, limits: Counts, reserves: Counts) -> int:
+    """`reserve_excess` over arrays in the pool's order."""
+    held = np.minimum(reserves, columns.nominal)
+    lent_from_reserves = int(np.maximum(0, held - limits).sum())
+    borrowed = np.maximum(0, limits - columns.nominal)
+    return lent_from_reserves - int(borrowed[columns.preemptible].sum())
 
 
 def hold_reserves(
@@ -114,25 +128,58 @@ def hold_reserves(
     lenders lend what the borrowers borrow, and no lender lends more of its reserve than it
     lends in all, so the non-preemptible tenants borrow at least the excess.
     """
-    nominal = nominal_shares(pool)
-    preemptible = preemptible_tenants(pool)
-    held = {t.name: min(reserves.get(t.name, 0), nominal[t.name]) for t in pool.tenants}
-    order = [t.name for t in pool.tenants]
-    result = {name: limits[name] for name in order}
-    excess = reserve_excess(result, pool, held)
-    while excess > 0:
-        donor = max(
-            (n for n in order if n not in preemptible and result[n] > nominal[n]),
-            key=lambda n: (result[n] - nominal[n], -order.index(n)),
-        )
-        taker = max(
-            (n for n in order if result[n] < held[n]),
-            key=lambda n: (held[n] - result[n], -order.index(n)),
-        )
-        result[donor] -= 1
-        result[taker] += 1
-        excess -= 1
+    columns = pool_columns(pool)
+    held = hold_reserves_column(
+        columns, columns.column(limits), columns.column(reserves, _zeros(columns))
+    )
+    return columns.mapping(held)
+
+
+def hold_reserves_column(columns: PoolColumns, limits: Counts, reserves: Counts) -> Counts:
+    """`hold_reserves` over arrays in the pool's order (a new array; the inputs are not written).
+
+    The slots move one at a time in the contract; since the donors (above their nominal share)
+    and the takers (below their reserve, at most their nominal share) are different tenants,
+    the moves from the donors and those to the takers do not interact, and each side is a
+    water level: `_from_the_top`.
+    """
+    held = np.minimum(reserves, columns.nominal)
+    excess = excess_of(columns, limits, held)
+    result = limits.copy()
+    if excess <= 0:
+        return result
+    above = np.where(~columns.preemptible & (limits > columns.nominal), limits - columns.nominal, 0)
+    below = np.where(limits < held, held - limits, 0)
+    result -= _from_the_top(above, excess)
+    result += _from_the_top(below, excess)
     return result
+
+
+def _from_the_top(amounts: Counts, count: int) -> Counts:
+    """How much each entry loses when `count` units are taken one at a time from the largest
+    positive entry, ties to the first: every entry above a level L comes down to L, and the
+    first few at L (by position) give one more. ValueError when the entries hold fewer than
+    `count` (the one-at-a-time loop would find no entry to take from)."""
+    if int(amounts.sum()) < count:
+        raise ValueError(f"cannot take {count} from entries holding {int(amounts.sum())}")
+    # The lowest level L at which cutting every entry down to L takes at most `count`.
+    low, high = 0, int(amounts.max())
+    while low < high:
+        level = (low + high) // 2
+        if int(np.maximum(0, amounts - level).sum()) <= count:
+            high = level
+        else:
+            low = level + 1
+    taken: Counts = np.maximum(0, amounts - low)
+    left = count - int(taken.sum())
+    if left > 0:
+        # left < the entries at or above L, and L >= 1 (else nothing would be left).
+        taken[np.flatnonzero(amounts >= low)[:left]] += 1
+    return taken
+
+
+def _zeros(columns: PoolColumns) -> Counts:
+    return np.zeros(columns.size, dtype=np.int64)
 
 
 def describe_moves(before: Mapping[str, int], after: Mapping[str, int]) -> str:

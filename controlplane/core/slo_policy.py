@@ -26,22 +26,19 @@ for the next step) no tenant's borrowing grows, since more concurrency would onl
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from controlplane.core import learned_reserves
+from controlplane.core.columns import Counts, Flags, Floats, PoolColumns, pool_columns
 from controlplane.core.learned_reserves import BurstHistory
 from controlplane.core.policy import PolicyDecision
-from controlplane.core.reserves import (
-    configured_reserve,
-    hold_reserves,
-    preemptible_tenants,
-    reserve_excess,
-)
+from controlplane.core.reserves import excess_of, hold_reserves_column
 from controlplane.core.snapshot import PoolSnapshot, TenantLoad
-from slotshift.apportion import Claim, apportion, nominal_shares
-from slotshift.config import PoolConfig, SloPolicyConfig, TenantConfig
-from slotshift.demand import LatencySummary
+from slotshift.apportion import apportion_arrays, nominal_shares
+from slotshift.config import PoolConfig, SloPolicyConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +54,6 @@ class SloPolicyState:
     not learned, and the configured ones apply."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Bounds:
-    nominal: int
-    reserve: int
-    upper: int
-
-
 class SloPolicy:
     """See the module docstring. Pure: a function of (snapshot, pool, previous state).
 
@@ -73,6 +63,10 @@ class SloPolicy:
     each is at most the tenant's nominal share. The limits obey the reserve rule
     (controlplane/core/reserves.py) for the reserves the decision's state names; with no
     preemptible tenant that means every tenant also holds at least its reserve.
+
+    Every per-tenant pass is one numpy operation over the pool's tenants
+    (controlplane/core/columns.py); the per-tenant form of this policy is kept as the reference
+    it must equal in limits, reason and state (tests/unit/controlplane/reference_policy.py).
     """
 
     name = "slo"
@@ -83,78 +77,101 @@ class SloPolicy:
     ) -> PolicyDecision:
         settings = pool.slo_policy
         previous = state if isinstance(state, SloPolicyState) else None
-        nominal = nominal_shares(pool)
-        loads = {t.name: snapshot.tenants.get(t.name, TenantLoad()) for t in pool.tenants}
-        bursts, learned = _learn_reserves(pool, loads, previous, snapshot.now_s, nominal)
-        bounds = {t.name: _bounds(pool, t, nominal[t.name], learned) for t in pool.tenants}
-        reserves = {name: b.reserve for name, b in bounds.items()}
-        smoothed = _smooth(loads, previous, snapshot.now_s, settings.demand_half_life_s)
+        columns = pool_columns(pool)
+        nominal = columns.nominal
+        load = _Loads.of(snapshot.tenants, columns.names)
+        bursts, learned = _learn_reserves(pool, columns, load, previous, snapshot.now_s)
+        base_reserve = columns.configured_reserve if learned is None else columns.column(learned)
+        reserve = np.minimum(base_reserve, columns.borrowing_upper)
+        bound_upper = np.maximum(columns.borrowing_upper, nominal)
+        smoothed = _smooth(load.demand, columns.names, previous, snapshot.now_s, settings)
         next_state = SloPolicyState(
-            smoothed_demand=smoothed, now_s=snapshot.now_s, bursts=bursts, reserves=learned
+            smoothed_demand=dict(zip(columns.names, smoothed.tolist(), strict=True)),
+            now_s=snapshot.now_s,
+            bursts=bursts,
+            reserves=learned,
         )
         new_reserves = (
             learned_reserves.changed(previous.reserves if previous else None, learned)
             if learned is not None
             else {}
         )
-        if not any(smoothed.values()):
+        if not smoothed.any():
             reason = _with_reserves("no demand: nominal shares", new_reserves)
-            return PolicyDecision(nominal, reason, next_state)
+            return PolicyDecision(nominal_shares(pool), reason, next_state)
 
-        preemptible = preemptible_tenants(pool)
-        owed = {
-            t.name: _owed(t, nominal[t.name], bounds[t.name], loads[t.name], preemptible)
-            for t in pool.tenants
-        }
-        pressure = {
-            t.name: _slo_pressure(t, loads[t.name], settings.slo_boost) for t in pool.tenants
-        }
+        preemptible = columns.preemptible
+        owed = _owed(columns, reserve, load.demand)
+        pressure = _slo_pressure(columns, load, settings.slo_boost)
         saturated = _saturated(snapshot, settings, pool.budget_slots)
-        upper = {}
-        for tenant in pool.tenants:
-            name = tenant.name
-            current = snapshot.current_limits.get(name, nominal[name])
-            # Borrowing grows by at most one step a decision, and not at all while the engine is
-            # saturated; what it already holds it keeps.
-            step = 0 if saturated else settings.max_borrow_step_slots
-            upper[name] = min(bounds[name].upper, max(nominal[name], current + step, owed[name]))
-        if sum(upper.values()) < pool.budget_slots:
+        current = columns.column(snapshot.current_limits, default=nominal)
+        # Borrowing grows by at most one step a decision, and not at all while the engine is
+        # saturated; what it already holds it keeps.
+        step = 0 if saturated else settings.max_borrow_step_slots
+        upper = np.minimum(bound_upper, np.maximum(np.maximum(nominal, current + step), owed))
+        if int(upper.sum()) < pool.budget_slots:
             # Holding every borrower to its step would leave slots unassigned; the budget is
             # always handed out in full, so the step gives way.
-            upper = {t.name: bounds[t.name].upper for t in pool.tenants}
-        at_full_share = _at_full_share(pool, loads, nominal, preemptible, settings)
-        if at_full_share:
+            upper = bound_upper
+        at_full_share = _at_full_share(columns, load.demand, settings)
+        if at_full_share.any():
             # A lender that uses its whole share gets the engine as fast as the static split
             # gives it: every request more in the batch makes each of its tokens slower, so
             # while it runs nobody else holds more than its own share.
-            upper = {
-                name: value if name in at_full_share else min(value, max(nominal[name], owed[name]))
-                for name, value in upper.items()
-            }
-        claims = [
-            Claim(owed[t.name], upper[t.name], smoothed[t.name] * t.weight * pressure[t.name])
-            for t in pool.tenants
-        ]
-        limits = dict(
-            zip((t.name for t in pool.tenants), apportion(pool.budget_slots, claims), strict=True)
-        )
-        if preemptible:
-            limits = _lend_reserves_to_preemptible(limits, claims, pool, reserves)
-        current_limits = dict(snapshot.current_limits)
+            upper = np.where(at_full_share, upper, np.minimum(upper, np.maximum(nominal, owed)))
+        target = smoothed * columns.weight * pressure
+        limits = apportion_arrays(pool.budget_slots, owed, upper, target)
+        if preemptible.any():
+            limits = _lend_reserves_to_preemptible(
+                columns, limits, owed, upper, target, pool.budget_slots, reserve
+            )
         if _within_hysteresis(
-            limits, current_limits, owed, upper, settings.hysteresis_slots, pool, reserves
+            columns, limits, snapshot.current_limits, owed, upper, settings, pool, reserve
         ):
-            limits = current_limits
-        reason = _reason(loads, limits, owed, pressure, saturated, pool, reserves)
-        return PolicyDecision(limits, _with_reserves(reason, new_reserves), next_state)
+            published = dict(snapshot.current_limits)
+            limits = columns.column(published)
+        else:
+            published = columns.mapping(limits)
+        reason = _reason(columns, load.demand, limits, owed, pressure, saturated, reserve)
+        return PolicyDecision(published, _with_reserves(reason, new_reserves), next_state)
+
+
+@dataclass(frozen=True, slots=True)
+class _Loads:
+    """What the policy reads of each tenant's load, as arrays in the pool's order."""
+
+    demand: Counts
+    ttft_count: Counts
+    ttft_p99_ms: Floats
+    e2e_count: Counts
+    e2e_p99_ms: Floats
+    by_name: Mapping[str, TenantLoad]
+    """Every pool tenant's load (TenantLoad() for one the snapshot does not name)."""
+
+    @classmethod
+    def of(cls, tenants: Mapping[str, TenantLoad], names: tuple[str, ...]) -> _Loads:
+        empty = TenantLoad()
+        get = tenants.get
+        loads = [get(name, empty) for name in names]
+        count = len(loads)
+        return cls(
+            demand=np.fromiter(
+                (load.in_flight + load.queued for load in loads), dtype=np.int64, count=count
+            ),
+            ttft_count=np.fromiter((load.ttft.count for load in loads), np.int64, count),
+            ttft_p99_ms=np.fromiter((load.ttft.p99_ms for load in loads), np.float64, count),
+            e2e_count=np.fromiter((load.e2e.count for load in loads), np.int64, count),
+            e2e_p99_ms=np.fromiter((load.e2e.p99_ms for load in loads), np.float64, count),
+            by_name=dict(zip(names, loads, strict=True)),
+        )
 
 
 def _learn_reserves(
     pool: PoolConfig,
-    loads: Mapping[str, TenantLoad],
+    columns: PoolColumns,
+    load: _Loads,
     previous: SloPolicyState | None,
     now_s: float,
-    nominal: Mapping[str, int],
 ) -> tuple[dict[str, BurstHistory], dict[str, int] | None]:
     """Each tenant's burst history after this snapshot, and its learned reserve; ({}, None) when
     reserves are not learned."""
@@ -163,129 +180,117 @@ def _learn_reserves(
         return {}, None
     bursts: dict[str, BurstHistory] = {}
     reserves: dict[str, int] = {}
-    for tenant in pool.tenants:
+    demand = load.demand.tolist()
+    nominal = columns.nominal.tolist()
+    configured = columns.configured_reserve.tolist()
+    for index, tenant in enumerate(pool.tenants):
         name = tenant.name
         before = previous.bursts.get(name) if previous is not None else None
-        history = learned_reserves.observe(before, loads[name].demand_slots, now_s, settings)
+        history = learned_reserves.observe(before, demand[index], now_s, settings)
         bursts[name] = history
         reserves[name] = learned_reserves.learned_reserve(
             history,
             now_s,
             settings,
             floor_slots=tenant.floor_slots,
-            nominal_slots=nominal[name],
-            configured_slots=configured_reserve(tenant, nominal[name]),
+            nominal_slots=nominal[index],
+            configured_slots=configured[index],
         )
     return bursts, reserves
 
 
-def _owed(
-    tenant: TenantConfig,
-    nominal: int,
-    bounds: _Bounds,
-    load: TenantLoad,
-    preemptible: frozenset[str],
-) -> int:
-    """What the tenant gets at once: what it asks up to its nominal share, and its reserve while
+def _owed(columns: PoolColumns, reserve: Counts, demand: Counts) -> Counts:
+    """What each tenant gets at once: what it asks up to its nominal share, and its reserve while
     it asks anything. An idle tenant's reserve may go to a preemptible tenant (whose borrowed work
     is paused as soon as the tenant asks, so lending it is safe; the reserve rule keeps other
     borrowers off it); from a burst's first request on, the reserve is the burst's headroom, so
     that the requests that follow are admitted at once instead of a round trip each."""
-    asked = max(tenant.floor_slots, min(nominal, load.demand_slots))
-    if preemptible - {tenant.name} and load.demand_slots == 0:
-        return asked
-    return max(bounds.reserve, asked)
+    asked = np.maximum(columns.floor, np.minimum(columns.nominal, demand))
+    preemptible = columns.preemptible
+    others_preemptible = int(preemptible.sum()) - preemptible.astype(np.int64) > 0
+    owed: Counts = np.where(others_preemptible & (demand == 0), asked, np.maximum(reserve, asked))
+    return owed
 
 
-def _at_full_share(
-    pool: PoolConfig,
-    loads: Mapping[str, TenantLoad],
-    nominal: Mapping[str, int],
-    preemptible: frozenset[str],
-    settings: SloPolicyConfig,
-) -> frozenset[str]:
+def _at_full_share(columns: PoolColumns, demand: Counts, settings: SloPolicyConfig) -> Flags:
     """Tenants that are not preemptible and ask at least full_share_hold_percent of their
     nominal share now, and no more than it (none when the setting is off). A tenant that asks
     more than its share wants slots before speed, and gets what the claims give it."""
     percent = settings.full_share_hold_percent
+    nominal = columns.nominal
     if percent is None:
-        return frozenset()
-    return frozenset(
-        t.name
-        for t in pool.tenants
-        if t.name not in preemptible
-        and nominal[t.name] > 0
-        and percent * nominal[t.name] <= loads[t.name].demand_slots * 100
-        and loads[t.name].demand_slots <= nominal[t.name]
+        return np.zeros(columns.size, dtype=np.bool_)
+    held: Flags = (
+        ~columns.preemptible
+        & (nominal > 0)
+        & (percent * nominal <= demand * 100)
+        & (demand <= nominal)
     )
+    return held
 
 
 def _lend_reserves_to_preemptible(
-    limits: dict[str, int],
-    claims: Sequence[Claim],
-    pool: PoolConfig,
-    reserves: Mapping[str, int],
-) -> dict[str, int]:
+    columns: PoolColumns,
+    limits: Counts,
+    lower: Counts,
+    upper: Counts,
+    target: Floats,
+    budget_slots: int,
+    reserve: Counts,
+) -> Counts:
     """`limits` made to obey the reserve rule, the slots that non-preemptible borrowers give back
     divided again among the other tenants (so that they go to a preemptible borrower with demand
     rather than sit idle in a lender's reserve), the rule applied once more."""
-    held = hold_reserves(limits, pool, reserves)
-    if held == limits:
+    held = hold_reserves_column(columns, limits, reserve)
+    if np.array_equal(held, limits):
         return limits
-    names = [t.name for t in pool.tenants]
-    again = [
-        Claim(held[name], held[name], 0.0) if held[name] < limits[name] else claim
-        for name, claim in zip(names, claims, strict=True)
-    ]
-    shared = dict(zip(names, apportion(pool.budget_slots, again), strict=True))
-    return hold_reserves(shared, pool, reserves)
-
-
-def _bounds(
-    pool: PoolConfig, tenant: TenantConfig, nominal: int, learned: Mapping[str, int] | None
-) -> _Bounds:
-    reserve = configured_reserve(tenant, nominal) if learned is None else learned[tenant.name]
-    ceiling = pool.ceiling_of(tenant)
-    if tenant.borrowing_limit_percent is None:
-        upper = ceiling
-    else:
-        upper = min(ceiling, nominal + round(nominal * tenant.borrowing_limit_percent / 100))
-    return _Bounds(nominal=nominal, reserve=min(reserve, upper), upper=max(upper, nominal))
+    gave_back = held < limits
+    shared = apportion_arrays(
+        budget_slots,
+        np.where(gave_back, held, lower),
+        np.where(gave_back, held, upper),
+        np.where(gave_back, 0.0, target),
+    )
+    return hold_reserves_column(columns, shared, reserve)
 
 
 def _smooth(
-    loads: Mapping[str, TenantLoad],
+    demand: Counts,
+    names: tuple[str, ...],
     previous: SloPolicyState | None,
     now_s: float,
-    half_life_s: float,
-) -> dict[str, float]:
+    settings: SloPolicyConfig,
+) -> Floats:
     """Demand that rises at once and decays with the half-life (APF's Smooth, in seconds)."""
+    now = demand.astype(np.float64)
     if previous is None:
-        return {name: float(load.demand_slots) for name, load in loads.items()}
+        return now
     elapsed = max(0.0, now_s - previous.now_s)
-    keep = math.pow(0.5, elapsed / half_life_s)
-    smoothed = {}
-    for name, load in loads.items():
-        before = previous.smoothed_demand.get(name, 0.0)
-        now = float(load.demand_slots)
-        decayed = keep * before + (1 - keep) * now
-        # Below one slot the memory is noise; dropping it lets an idle tenant's slots go.
-        smoothed[name] = max(now, decayed if decayed >= 0.5 else 0.0)
+    keep = math.pow(0.5, elapsed / settings.demand_half_life_s)
+    get = previous.smoothed_demand.get
+    before = np.array([get(name, 0.0) for name in names], dtype=np.float64)
+    decayed = keep * before + (1 - keep) * now
+    # Below one slot the memory is noise; dropping it lets an idle tenant's slots go.
+    smoothed: Floats = np.maximum(now, np.where(decayed >= 0.5, decayed, 0.0))
     return smoothed
 
 
-def _slo_pressure(tenant: TenantConfig, load: TenantLoad, boost: float) -> float:
+def _slo_pressure(columns: PoolColumns, load: _Loads, boost: float) -> Floats:
     """1 when within its SLOs (or none is set); more the further its p99 is over them."""
-    overshoot = max(
-        _overshoot(load.ttft, tenant.ttft_slo_ms), _overshoot(load.e2e, tenant.e2e_slo_ms)
+    overshoot = np.maximum(
+        _overshoot(load.ttft_p99_ms, load.ttft_count, columns.ttft_slo_ms),
+        _overshoot(load.e2e_p99_ms, load.e2e_count, columns.e2e_slo_ms),
     )
-    return 1.0 + boost * overshoot
+    pressure: Floats = 1.0 + boost * overshoot
+    return pressure
 
 
-def _overshoot(latency: LatencySummary, slo_ms: float | None) -> float:
-    if slo_ms is None or latency.count == 0:
-        return 0.0
-    return max(0.0, latency.p99_ms / slo_ms - 1.0)
+def _overshoot(p99_ms: Floats, count: Counts, slo_ms: Floats) -> Floats:
+    """max(0, p99 / slo - 1), 0 where there is no SLO (NaN) or no sample."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        over = np.maximum(0.0, p99_ms / slo_ms - 1.0)
+    result: Floats = np.where(np.isnan(slo_ms) | (count == 0), 0.0, over)
+    return result
 
 
 def _saturated(snapshot: PoolSnapshot, settings: SloPolicyConfig, budget_slots: int) -> bool:
@@ -300,47 +305,49 @@ def _saturated(snapshot: PoolSnapshot, settings: SloPolicyConfig, budget_slots: 
 
 
 def _within_hysteresis(
-    limits: Mapping[str, int],
+    columns: PoolColumns,
+    limits: Counts,
     current: Mapping[str, int],
-    owed: Mapping[str, int],
-    upper: Mapping[str, int],
-    hysteresis_slots: int,
+    owed: Counts,
+    upper: Counts,
+    settings: SloPolicyConfig,
     pool: PoolConfig,
-    reserves: Mapping[str, int],
+    reserve: Counts,
 ) -> bool:
     """Whether the current limits are close enough to keep: valid, owing nobody, holding the
     reserves, all near."""
-    if set(current) != set(limits) or sum(current.values()) != pool.budget_slots:
+    if current.keys() != columns.name_set or sum(current.values()) != pool.budget_slots:
         return False
-    if any(not owed[name] <= current[name] <= upper[name] for name in limits):
+    held = columns.column(current)
+    if not ((owed <= held) & (held <= upper)).all():
         return False
-    if reserve_excess(current, pool, reserves) > 0:
+    if excess_of(columns, held, reserve) > 0:
         return False
-    return all(abs(limits[name] - current[name]) <= hysteresis_slots for name in limits)
+    return bool((np.abs(limits - held) <= settings.hysteresis_slots).all())
 
 
 def _reason(
-    loads: Mapping[str, TenantLoad],
-    limits: Mapping[str, int],
-    owed: Mapping[str, int],
-    pressure: Mapping[str, float],
+    columns: PoolColumns,
+    demand: Counts,
+    limits: Counts,
+    owed: Counts,
+    pressure: Floats,
     saturated: bool,
-    pool: PoolConfig,
-    reserves: Mapping[str, int],
+    reserve: Counts,
 ) -> str:
     """The reward's terms in words: served demand, SLO overshoot, saturation; and the reserve
     slots lent to preemptible tenants, if any."""
-    served = sum(min(limits[n], load.demand_slots) for n, load in loads.items())
-    demand = sum(load.demand_slots for load in loads.values())
-    over = [f"{n} x{p:.2f}" for n, p in pressure.items() if p > 1.0]
+    served = int(np.minimum(limits, demand).sum())
+    names = columns.names
+    over = [f"{names[i]} x{pressure[i]:.2f}" for i in np.flatnonzero(pressure > 1.0).tolist()]
     parts = [
-        f"serves {served} of {demand} slots of demand",
-        f"owed {dict(owed)}",
+        f"serves {served} of {int(demand.sum())} slots of demand",
+        f"owed {columns.mapping(owed)}",
         f"over SLO: {', '.join(over)}" if over else "all within SLO",
     ]
     if saturated:
         parts.append("engine saturated: borrowing held")
-    lent = sum(max(0, reserves[name] - limits[name]) for name in limits)
+    lent = int(np.maximum(0, reserve - limits).sum())
     if lent:
         parts.append(f"{lent} reserve slots lent to preemptible tenants")
     return "; ".join(parts)

@@ -29,6 +29,7 @@ import grpc
 from controlplane.core.config_change import (
     ConfigChangeError,
     UnknownTenantError,
+    check_fleet_keys,
     check_new_keys,
 )
 from controlplane.core.overrides import Override, OverrideKind, apply, file_fields_of
@@ -91,12 +92,23 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         def change() -> Override:
             name = _required("tenant", request.tenant)
             digests = check_new_keys(name, request.api_keys, runtime.state.key_digests)
+            check_fleet_keys(name, digests, self._fleet_digests(runtime))
             settings = convert.settings_from_proto(request.settings)
             return self._override(
                 runtime, "add_tenant", tenant=name, settings=settings, key_digests=digests
             )
 
         return await self._apply(runtime, change, context)
+
+    def _fleet_digests(self, changing: PoolRuntime) -> dict[str, set[bytes]]:
+        """tenant -> the digests of its keys in every pool but `changing`'s."""
+        fleet: dict[str, set[bytes]] = {}
+        for runtime in self._runtimes.values():
+            if runtime is changing:
+                continue
+            for tenant, digests in runtime.state.key_digests.items():
+                fleet.setdefault(tenant, set()).update(digests)
+        return fleet
 
     async def RemoveTenant(
         self, request: admin_pb2.RemoveTenantRequest, context: _Context

@@ -66,6 +66,9 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._clock = clock or SystemClock()
         self._push_min_interval_s = push_min_interval_s
+        self.epoch = 0
+        """The leader epoch every update carries (AllocationUpdate.epoch): set by the control
+        plane when its replica takes the lease (controlplane/leadership.py); 0 without one."""
 
     # Written with context.write rather than as a generator, so that reading and writing run
     # side by side; the generated base class only knows the generator form.
@@ -248,6 +251,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             budget_slots=allocation.budget_slots,
             tenants=convert.row_to_proto(target, push.columns),
             delta=push.columns is not None,
+            epoch=self.epoch,
         )
         with self._tracer.start_as_current_span(
             "allocation.push",

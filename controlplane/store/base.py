@@ -1,9 +1,11 @@
 """The state store's contract: what the control plane keeps beyond its process.
 
-Three things, per pool: the admin changes (each an override on top of the config file,
+Per pool: the admin changes (each an override on top of the config file,
 controlplane/core/overrides.py), three counters that must only grow across restarts (the config
 version, the allocation version's ceiling, the decision id), and the decision log as the
-in-memory log stores it (controlplane/decision_log.py: changes, with key frames). The
+in-memory log stores it (controlplane/decision_log.py: changes, with key frames), and the
+gateways it last counted (their ids: a restarted or newly elected leader knows whom to wait for).
+Beside them, the leader lease of a set of replicas (controlplane/leadership.py). The
 implementations (sqlite.py, postgresql.py) keep them in one schema (sql.py).
 
 Every method may await and does I/O off the event loop; each raises StoreError when the store
@@ -64,6 +66,18 @@ class HistoryQuery:
     after_decision_id: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A leader lease as it stands in the store."""
+
+    holder: str
+    """The replica that holds it (or last held it); "" when nobody ever did."""
+    epoch: int
+    """How many times it was taken: every taking raises it by one, and only ever raises it."""
+    remaining_s: float
+    """Seconds until it expires, by the store's clock; at most 0: expired."""
+
+
 class StateStore(Protocol):
     """What the control plane and `slotshift state` need of a store."""
 
@@ -109,6 +123,26 @@ class StateStore(Protocol):
         """Delete, in every pool, decisions made before `older_than_wall_s` or beyond the newest
         `keep_count`, in key-frame steps: never one that a kept decision needs to be rebuilt.
         Returns how many were deleted."""
+
+    async def gateways(self, pool: str) -> list[str]:
+        """The ids of the pool's gateways as last set, sorted."""
+
+    async def set_gateways(self, pool: str, gateway_ids: Sequence[str]) -> None:
+        """Replace the pool's gateways with `gateway_ids`."""
+
+    async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> Lease:
+        """Take the lease `name` for `holder`, `ttl_s` from now by the store's clock, when it is
+        free, expired, or `holder`'s already (a restarted replica takes its own lease back at
+        once), with an epoch one above the last. Returns the lease as it stands then: the new
+        one, or another's (with the seconds it has left)."""
+
+    async def renew_lease(self, name: str, holder: str, epoch: int, ttl_s: float) -> bool:
+        """Extend the lease to `ttl_s` from now, if it is still `holder`'s at `epoch` and has
+        not expired; whether it was."""
+
+    async def release_lease(self, name: str, holder: str, epoch: int) -> None:
+        """Expire the lease now if it is `holder`'s at `epoch` (a replica that stops in order
+        hands over at once); otherwise nothing."""
 
 
 def decisions_of(entries: Sequence[LoggedDecision]) -> dict[str, int]:

@@ -6,8 +6,9 @@ dropped and made again on the next call, so a database restart costs the calls m
 down (each a StoreError), not the control plane. The schema is created under a transaction-level
 advisory lock, so that replicas starting together do not race on it.
 
-Connections ask for TCP keepalives, so that a dead server (or network) is noticed: the leader
-election of a later replica set relies on that too.
+Connections ask for TCP keepalives, so that a dead server (or network) is noticed rather than
+waited on; the leader lease (controlplane/leadership.py) does not rely on them: its holder stops
+on its own clock when it could not renew in time.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class PostgresStateStore(SqlStateStore):
     `connect_timeout_s` bounds each connection attempt."""
 
     _greatest = "GREATEST"
+    _now = "CAST(extract(epoch FROM clock_timestamp()) AS DOUBLE PRECISION)"
     _schema_lock = (("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK_KEY,)),)
 
     def __init__(self, dsn: str, *, connect_timeout_s: float = 10.0) -> None:

@@ -6,7 +6,13 @@ Tables, all prefixed `slotshift_` (a PostgreSQL database may be shared):
   and, once a start-up dropped it, why and when;
 - slotshift_counters: (pool, name) -> value, only ever raised (GREATEST on conflict);
 - slotshift_decisions: one row per logged decision (pool, id), its allocation version, when it
-  was made, whether it is a key frame, and the entry as JSON (codec.py).
+  was made, whether it is a key frame, and the entry as JSON (codec.py);
+- slotshift_gateways: (pool, gateway_id), the gateways a pool last counted;
+- slotshift_leases: name -> holder, epoch and expiry (seconds since the epoch by the store's
+  clock: replicas never compare their own clocks).
+
+The last two came after version 1 without changing it: they are created where missing, and
+code that does not know them leaves them alone.
 
 A subclass runs statements (`?` placeholders) in one transaction each call: `_run`.
 """
@@ -23,6 +29,7 @@ from controlplane.store import codec
 from controlplane.store.base import (
     Counters,
     HistoryQuery,
+    Lease,
     StoredChange,
     StoreError,
     decisions_of,
@@ -58,6 +65,15 @@ SCHEMA = (
         keyframe BOOLEAN NOT NULL,
         body TEXT NOT NULL,
         PRIMARY KEY (pool, id))""",
+    """CREATE TABLE IF NOT EXISTS slotshift_gateways (
+        pool TEXT NOT NULL,
+        gateway_id TEXT NOT NULL,
+        PRIMARY KEY (pool, gateway_id))""",
+    """CREATE TABLE IF NOT EXISTS slotshift_leases (
+        name TEXT NOT NULL PRIMARY KEY,
+        holder TEXT NOT NULL,
+        epoch BIGINT NOT NULL,
+        expires_at_s DOUBLE PRECISION NOT NULL)""",
     "CREATE INDEX IF NOT EXISTS slotshift_decisions_version ON slotshift_decisions (pool, version)",
     "CREATE INDEX IF NOT EXISTS slotshift_decisions_time"
     " ON slotshift_decisions (pool, decided_at_wall_s)",
@@ -102,9 +118,11 @@ oldest within both limits; none within them: keep from the newest key frame on).
 
 class SqlStateStore:
     """The StateStore methods (base.py) over `_run`; `_greatest` names the SQL function that
-    takes the larger of two values (max in SQLite, GREATEST in PostgreSQL)."""
+    takes the larger of two values (max in SQLite, GREATEST in PostgreSQL), `_now` the
+    expression of the store's clock in seconds since the Unix epoch."""
 
     _greatest = "max"
+    _now = "((julianday('now') - 2440587.5) * 86400.0)"
 
     async def _run(self, statements: Sequence[Statement]) -> list[Rows]:
         """Run `statements` in one transaction; the rows each returned (empty where none).
@@ -276,3 +294,75 @@ class SqlStateStore:
             before, after = results[0], results[2]
             deleted += int(before[0][0]) - int(after[0][0])
         return deleted
+
+    async def gateways(self, pool: str) -> list[str]:
+        (rows,) = await self._run(
+            [
+                (
+                    "SELECT gateway_id FROM slotshift_gateways WHERE pool = ? ORDER BY gateway_id",
+                    (pool,),
+                )
+            ]
+        )
+        return [str(gateway_id) for (gateway_id,) in rows]
+
+    async def set_gateways(self, pool: str, gateway_ids: Sequence[str]) -> None:
+        await self._run(
+            [
+                ("DELETE FROM slotshift_gateways WHERE pool = ?", (pool,)),
+                *(
+                    ("INSERT INTO slotshift_gateways (pool, gateway_id) VALUES (?, ?)", (pool, g))
+                    for g in sorted(set(gateway_ids))
+                ),
+            ]
+        )
+
+    async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> Lease:
+        now = self._now
+        results = await self._run(
+            [
+                (
+                    "INSERT INTO slotshift_leases (name, holder, epoch, expires_at_s) "
+                    "VALUES (?, '', 0, 0) ON CONFLICT (name) DO NOTHING",
+                    (name,),
+                ),
+                (
+                    f"UPDATE slotshift_leases SET holder = ?, epoch = epoch + 1, "
+                    f"expires_at_s = {now} + ? "
+                    f"WHERE name = ? AND (expires_at_s <= {now} OR holder = ?)",
+                    (holder, ttl_s, name, holder),
+                ),
+                (
+                    f"SELECT holder, epoch, expires_at_s - {now} FROM slotshift_leases "
+                    "WHERE name = ?",
+                    (name,),
+                ),
+            ]
+        )
+        ((held_by, epoch, remaining_s),) = results[-1]
+        return Lease(str(held_by), int(epoch), float(remaining_s))
+
+    async def renew_lease(self, name: str, holder: str, epoch: int, ttl_s: float) -> bool:
+        now = self._now
+        (rows,) = await self._run(
+            [
+                (
+                    f"UPDATE slotshift_leases SET expires_at_s = {now} + ? "
+                    f"WHERE name = ? AND holder = ? AND epoch = ? AND expires_at_s > {now} "
+                    "RETURNING epoch",
+                    (ttl_s, name, holder, epoch),
+                )
+            ]
+        )
+        return bool(rows)
+
+    async def release_lease(self, name: str, holder: str, epoch: int) -> None:
+        await self._run(
+            [
+                (
+                    "UPDATE slotshift_leases SET expires_at_s = 0 "
+                    "WHERE name = ? AND holder = ? AND epoch = ?",
+                    (name, holder, epoch),
+                )
+            ]
+        )

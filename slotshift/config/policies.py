@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr
 
 from slotshift.config.base import ConfigModel, PositiveSeconds
+from slotshift.config.tls import ClientTlsConfig
 
 PolicyName = Literal["static", "demand", "slo", "agent"]
 """The allocation policies the control plane knows (see controlplane/core/policies.py)."""
@@ -91,6 +92,10 @@ class AgentPolicyConfig(ConfigModel):
 
     api_key: SecretStr | None = None
     """Sent as `Authorization: Bearer`; unset sends none."""
+
+    tls: ClientTlsConfig | None = None
+    """How the control plane checks an https `url`, with a client certificate if the endpoint
+    requires one; unset: the system's roots for https."""
 
     deadline_ms: Annotated[float, Field(gt=0)] = 500.0
     """Longest the control loop waits for an answer; past it the fallback decides."""

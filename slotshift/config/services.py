@@ -11,6 +11,9 @@ from slotshift.config.base import ConfigModel, Name, Port, PositiveSeconds
 from slotshift.config.state_store import StateStoreConfig
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
+ControlPlaneTarget = str | Annotated[list[str], Field(min_length=1)]
+"""Where a gateway or an agent finds the control plane: one host:port, or one per replica."""
+
 
 class ControlPlaneConfig(ConfigModel):
     """The control plane's server and decision loop."""
@@ -23,6 +26,11 @@ class ControlPlaneConfig(ConfigModel):
 
     metrics_port: Port = 9100
     """Port of the Prometheus /metrics endpoint; 0 picks one."""
+
+    metrics_token_file: str | None = None
+    """A file holding the bearer token `/metrics` asks for (Prometheus:
+    `authorization.credentials_file`), read at start; unset: `/metrics` answers anyone (it holds
+    tenant names and counts, no keys). Relative to the config file's folder."""
 
     decision_log_size: Annotated[int, Field(ge=1)] = 512
     """Decisions kept per pool for GetDecisions."""
@@ -59,6 +67,19 @@ class ControlPlaneConfig(ConfigModel):
     admin API's changes (AdminService, all but GetPoolConfig) need `authorization: Bearer TOKEN`.
     A relative path is relative to the config file's folder. Unset: the admin API refuses every
     change."""
+
+    replica_id: str = ""
+    """This replica's name in the leader lease (controlplane/leadership.py): unique among the
+    replicas sharing a state store, and the same across restarts of one replica (a replica
+    restarted under its name takes its lease back at once, a new epoch). Empty: the host name
+    (a Kubernetes pod's name)."""
+
+    leader_lease_ttl_s: PositiveSeconds = 5.0
+    """Seconds the leader's lease lasts unrenewed: the takeover time. The leader renews it
+    every third of this; one that could not stops publishing and drops its streams before it
+    runs out; a follower takes it over at most this long after the leader's last renewal (a
+    leader that stops in order hands over at once). Gateways then reach the new leader within
+    their reconnect_max_s."""
 
     state_store: StateStoreConfig = Field(default_factory=StateStoreConfig)
     """What survives a restart (admin changes, the version counters, the decision history) and
@@ -108,6 +129,11 @@ class GatewayConfig(ConfigModel):
     port: Port = 8080
     """Port of the OpenAI-compatible API and /metrics; 0 picks one."""
 
+    metrics_token_file: str | None = None
+    """A file holding the bearer token `/metrics` asks for (Prometheus:
+    `authorization.credentials_file`), read at start; unset: `/metrics` answers anyone (it holds
+    tenant names and counts, no keys). Relative to the config file's folder."""
+
     pool: str = "default"
     """The pool this gateway fronts, when `pools` is empty."""
 
@@ -119,8 +145,10 @@ class GatewayConfig(ConfigModel):
     """Seconds a pool whose engine could not be reached (no connection) is passed over while
     another pool serves the request's model; then it is tried again."""
 
-    controlplane_target: str = "127.0.0.1:50051"
-    """host:port of the control plane's gRPC API."""
+    controlplane_target: ControlPlaneTarget = "127.0.0.1:50051"
+    """host:port of the control plane's gRPC API; or a list, one per control-plane replica:
+    the stream goes to the leader, found by asking each in turn through gRPC health whether it
+    serves GatewayService (followers say NOT_SERVING), and moves on when it stops serving."""
 
     controlplane_tls: ClientTlsConfig | None = None
     """TLS on the stream to the control plane (set when controlplane.tls is), with a client
@@ -231,6 +259,10 @@ class AgentEngineConfig(ConfigModel):
     metrics_url: Annotated[str, Field(pattern=r"^https?://")]
     """The engine's Prometheus endpoint (vLLM's /metrics), scraped every interval_s."""
 
+    metrics_tls: ClientTlsConfig | None = None
+    """How the agent checks an https metrics_url (vLLM's --ssl-certfile), with a client
+    certificate if the engine requires one; unset: the system's roots for https."""
+
     gpus: list[GpuSelector] | None = None
     """The engine's GPUs, each by NVML index or UUID (prefer UUIDs: an index names another GPU
     when one is removed). Unset, with gpus_file unset too: every GPU NVML shows, which only an
@@ -273,8 +305,9 @@ class AgentConfig(ConfigModel):
     agent_id: str = ""
     """This agent's name in reports; empty means the host name."""
 
-    controlplane_target: str = "127.0.0.1:50051"
-    """host:port of the control plane's gRPC API."""
+    controlplane_target: ControlPlaneTarget = "127.0.0.1:50051"
+    """host:port of the control plane's gRPC API; or a list, one per control-plane replica:
+    each stream goes to the leader (as gateway.controlplane_target)."""
 
     controlplane_tls: ClientTlsConfig | None = None
     """TLS on the telemetry stream to the control plane (set when controlplane.tls is), with a
@@ -299,6 +332,11 @@ class AgentConfig(ConfigModel):
 
     metrics_port: Port = 9101
     """Port of the agent's own Prometheus /metrics endpoint; 0 picks one."""
+
+    metrics_token_file: str | None = None
+    """A file holding the bearer token `/metrics` asks for (Prometheus:
+    `authorization.credentials_file`), read at start; unset: `/metrics` answers anyone (it holds
+    tenant names and counts, no keys). Relative to the config file's folder."""
 
     host: str = "127.0.0.1"
     """Address the agent's /metrics endpoint binds."""

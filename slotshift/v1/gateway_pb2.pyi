@@ -302,12 +302,19 @@ class AllocationUpdate(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     TRACE_CONTEXT_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     version: _builtins.int
     decision_id: _builtins.int
     budget_slots: _builtins.int
     delta: _builtins.bool
+    epoch: _builtins.int
+    """The leader term that published it (controlplane/leadership.py): one more with every
+    takeover among the control plane's replicas. A gateway enforces the newest by (epoch,
+    version) and refuses an update of an epoch older than the newest it has seen (a deposed
+    leader's). 0: a control plane that runs no election.
+    """
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[_allocation_pb2.GatewayTenantLimit]:
         """Every tenant's limits here (delta false: a tenant not named gets 0), or only those that
@@ -333,10 +340,11 @@ class AllocationUpdate(_message.Message):
         tenants: _abc.Iterable[_allocation_pb2.GatewayTenantLimit] | None = ...,
         trace_context: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
         delta: _builtins.bool = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "decision_id", b"decision_id", "delta", b"delta", "gateway_id", b"gateway_id", "pool", b"pool", "tenants", b"tenants", "trace_context", b"trace_context", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "decision_id", b"decision_id", "delta", b"delta", "epoch", b"epoch", "gateway_id", b"gateway_id", "pool", b"pool", "tenants", b"tenants", "trace_context", b"trace_context", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

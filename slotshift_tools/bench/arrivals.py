@@ -127,6 +127,9 @@ class RequestShape:
 
     prompt_token_ids: list[int]
     max_tokens: int
+    streamed: bool = True
+    """Whether the answer is asked as a stream (the bench's own requests always are; a replayed
+    request as it was recorded)."""
 
 
 class RequestShapes:

@@ -4,6 +4,9 @@ The request is vLLM's /v1/completions with a prompt of token ids, max_tokens wit
 the output length is exact), and stream_options.include_usage (so the server says how many tokens
 it sent). TTFT is the arrival of the first chunk with text; every later text chunk adds a gap to
 the ITLs; the end is the [DONE] event.
+
+A request whose shape is not streamed (a replayed one recorded so) asks for the whole answer at
+once: no TTFT and no ITLs then, its end is the answer's arrival, its length the answer's usage.
 """
 
 from __future__ import annotations
@@ -46,15 +49,18 @@ class StreamingClient:
         return self._clock.monotonic() - self._origin_s
 
     def payload(self, shape: RequestShape) -> dict[str, Any]:
-        return {
+        """The body of `shape`'s request."""
+        body: dict[str, Any] = {
             "model": self._model,
             "prompt": shape.prompt_token_ids,
             "max_tokens": shape.max_tokens,
             "ignore_eos": True,
             "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream": shape.streamed,
         }
+        if shape.streamed:
+            body["stream_options"] = {"include_usage": True}
+        return body
 
     async def send(
         self, trace: RequestTrace, gateway_url: str, api_key: str, shape: RequestShape
@@ -79,7 +85,10 @@ class StreamingClient:
                     )
                     return
                 trace.http_status = response.status
-                await self._read_stream(response, trace)
+                if shape.streamed:
+                    await self._read_stream(response, trace)
+                else:
+                    await self._read_answer(response, trace)
         except TimeoutError:
             trace.fail(self.now_s(), f"no complete answer within {self._timeout_s:g} s")
         except aiohttp.ClientError as exc:
@@ -88,6 +97,23 @@ class StreamingClient:
             trace.status = RequestStatus.CANCELLED
             trace.end_s = self.now_s()
             raise
+
+    async def _read_answer(self, response: aiohttp.ClientResponse, trace: RequestTrace) -> None:
+        """A whole (not streamed) answer: its end now, its length from its usage."""
+        raw = await response.read()
+        received_s = self.now_s()
+        try:
+            answer = json.loads(raw)
+            tokens = answer["usage"]["completion_tokens"]
+        except (ValueError, KeyError, TypeError):
+            trace.fail(received_s, f"unreadable answer: {raw[:ERROR_TEXT_CHARS]!r}")
+            return
+        if not isinstance(tokens, int):
+            trace.fail(received_s, f"unreadable answer: {raw[:ERROR_TEXT_CHARS]!r}")
+            return
+        trace.status = RequestStatus.OK
+        trace.end_s = received_s
+        trace.output_tokens = tokens
 
     async def _read_stream(self, response: aiohttp.ClientResponse, trace: RequestTrace) -> None:
         last_chunk_s: float | None = None

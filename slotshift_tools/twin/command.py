@@ -1,7 +1,8 @@
 """`slotshift simulate SCENARIO.yaml`: every run of a bench scenario in the twin, then the
 bench's results (summary.json, summary.md, the plots, each run's traces, samples and decisions),
 with the twin's own figures (CPU time, speed against real time, engine steps) in
-`meta.twin`."""
+`meta.twin`. With `--replay LOG [LOG ...]` the traffic is a recorded request log's instead of
+the scenario's arrival processes (slotshift_tools/twin/replay.py), described in `meta.replay`."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from slotshift_tools.bench.fleet import (
     fleet_markdown,
     fleet_run_summary,
 )
+from slotshift_tools.bench.load import ScheduledRequest
 from slotshift_tools.bench.plots import PoolSeries, RunSeries, plot_fleet
 from slotshift_tools.bench.runner import RunResult, RunSettings
 from slotshift_tools.bench.scenario import (
@@ -40,6 +42,7 @@ from slotshift_tools.bench.scenario import (
 )
 from slotshift_tools.bench.summary import markdown_table, run_summary, summary_document
 from slotshift_tools.twin.fleet import replica_capacities, simulate_fleet_run
+from slotshift_tools.twin.replay import ReplayedTraffic, ReplayError, replayed_traffic
 from slotshift_tools.twin.run import TwinStats, simulate_run
 from slotshift_tools.twin.settings import TwinSettings
 
@@ -63,10 +66,14 @@ def simulate_scenario(
     warmup_s: float,
     overrides: dict[str, Any] | None = None,
     settings: TwinSettings | None = None,
+    schedule: Mapping[str, Sequence[ScheduledRequest]] | None = None,
 ) -> dict[str, SimulatedRun]:
     """Every run of `scenario` in the twin, in order. Deterministic: the same arguments give
-    the same results."""
+    the same results. schedule: every tenant's sends instead of its arrival process (see
+    `simulate_run`), the same in every run."""
     runs: dict[str, SimulatedRun] = {}
+    if scenario.fleet and schedule is not None:
+        raise ValueError("a fleet runs its scenario's arrival processes, not a schedule")
     for run in scenario.policies:
         if scenario.fleet:
             runs[run.name] = simulate_fleet(
@@ -85,6 +92,7 @@ def simulate_scenario(
             steady_s=steady_s,
             overrides=overrides,
             settings=settings,
+            schedule=schedule,
         )
         record = RunRecord(
             run_summary(scenario, result),
@@ -165,10 +173,17 @@ def run_simulate(
     overrides: dict[str, Any] | None = None,
     runs: Sequence[str] | None = None,
     settings: TwinSettings | None = None,
+    replay: Sequence[Path] | None = None,
+    replay_pool: str | None = None,
     out: TextIO = sys.stdout,
 ) -> int:
     """Simulate the scenario and write the results; the exit status (0 done, 2 a bad scenario,
-    run selection or config)."""
+    run selection, config or log).
+
+    replay: request logs whose traffic replaces the scenario's arrival processes (the records
+    of `replay_pool`, or of the log's only pool); each run's horizon is then the log's span, of
+    which the first `warmup_s` (default: the scenario's, scaled to the span) is warm-up, and
+    `duration_s` must not be given."""
     try:
         scenario = load_scenario(scenario_path)
     except ScenarioError as exc:
@@ -189,13 +204,51 @@ def run_simulate(
             file=sys.stderr,
         )
         return 2
-    steady_s = duration_s if duration_s is not None else scenario.steady_s
-    warmup = warmup_s if warmup_s is not None else scaled_warmup_s(scenario, steady_s)
+    traffic: ReplayedTraffic | None = None
+    if replay is not None:
+        if scenario.fleet:
+            # A log is one pool's; a fleet's traffic comes from its own arrival processes.
+            print("slotshift simulate: --replay takes a one-server scenario", file=sys.stderr)
+            return 2
+        if duration_s is not None:
+            print(
+                "slotshift simulate: --duration: a replay's window is the log's span",
+                file=sys.stderr,
+            )
+            return 2
+        try:
+            traffic = replayed_traffic(replay, scenario, pool=replay_pool)
+        except ReplayError as exc:
+            print(f"slotshift simulate: --replay: {exc}", file=sys.stderr)
+            return 2
+        warmup = warmup_s if warmup_s is not None else scaled_warmup_s(scenario, traffic.span_s)
+        steady_s = traffic.span_s - warmup
+        if steady_s <= 0:
+            print(
+                f"slotshift simulate: --warmup ({warmup:g} s) leaves nothing of the log's "
+                f"span ({traffic.span_s:g} s)",
+                file=sys.stderr,
+            )
+            return 2
+    else:
+        steady_s = duration_s if duration_s is not None else scenario.steady_s
+        warmup = warmup_s if warmup_s is not None else scaled_warmup_s(scenario, steady_s)
+    schedule: Mapping[str, Sequence[ScheduledRequest]] | None = (
+        traffic.sends if traffic is not None else None
+    )
     started = datetime.datetime.now(datetime.UTC)
-    folder = out_dir if out_dir is not None else default_out_dir(f"{scenario.name}-twin", started)
+    suffix = "replay" if traffic is not None else "twin"
+    folder = (
+        out_dir if out_dir is not None else default_out_dir(f"{scenario.name}-{suffix}", started)
+    )
     try:
         simulated = simulate_scenario(
-            scenario, steady_s=steady_s, warmup_s=warmup, overrides=overrides, settings=settings
+            scenario,
+            steady_s=steady_s,
+            warmup_s=warmup,
+            overrides=overrides,
+            settings=settings,
+            schedule=schedule,
         )
     except ConfigError as exc:
         print(f"slotshift simulate: {exc}", file=sys.stderr)
@@ -217,6 +270,9 @@ def run_simulate(
     meta = results_meta(scenario, scenario_path, bench_settings, started, records, runs)
     meta["command"] = meta["command"].replace("slotshift bench", "slotshift simulate", 1)
     meta["twin"] = twin_meta(stats, settings or TwinSettings())
+    if traffic is not None:
+        meta["command"] += "".join(f" --replay {path}" for path in traffic.files)
+        meta["replay"] = traffic.meta()
     document = summary_document(
         scenario, {name: record.summary for name, record in records.items()}, meta
     )
@@ -228,6 +284,8 @@ def run_simulate(
     write_results(scenario, folder, document, table, records, meta)
     twin = meta["twin"]
     print(table, file=out)
+    if traffic is not None:
+        print(_replay_line(traffic), file=out)
     print(
         f"twin: {twin['simulated_s']:.0f} s simulated in {twin['cpu_s']:.1f} s of CPU "
         f"({twin['speed_factor']:.0f}x real time); results: {folder}",
@@ -247,3 +305,20 @@ def twin_meta(stats: dict[str, TwinStats], settings: TwinSettings) -> dict[str, 
         "speed_factor": simulated_s / cpu_s if cpu_s > 0 else None,
         "runs": {name: asdict(s) for name, s in stats.items()},
     }
+
+
+def _replay_line(traffic: ReplayedTraffic) -> str:
+    """What the replay sent, and what it could not."""
+    sent = ", ".join(f"{name} {len(t.requests)}" for name, t in traffic.schedule.tenants.items())
+    line = (
+        f"replay: {traffic.schedule.requests} requests of pool {traffic.pool} from "
+        f"{len(traffic.files)} file(s) over {traffic.span_s:.1f} s ({sent})"
+    )
+    if traffic.silent_tenants:
+        line += f"; not in the log, so sending nothing: {', '.join(traffic.silent_tenants)}"
+    if traffic.schedule.left_out:
+        left = ", ".join(
+            f"{why} {count}" for why, count in sorted(traffic.schedule.left_out.items())
+        )
+        line += f"; records left out: {left}"
+    return line

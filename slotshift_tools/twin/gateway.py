@@ -7,8 +7,9 @@ figures and latency windows it reports) and the control client's ControlSession
 (admission_gateway/control_session.py: the hello, the reports and their deltas, each update
 applied and acknowledged), which runs on an in-memory stream (stream.py) instead of a gRPC call.
 The twin replaces only the transports: a request is a call, not an HTTP exchange. The handler
-does what the proxy and the preemptible relay do with a streamed
-completion: admit, run it in the engine, record TTFT at its first token and the end-to-end
+does what the proxy and the preemptible relay do with a
+completion: admit, run it in the engine, record TTFT at its first token (a streamed answer's
+only: the proxy sees no first token of a whole answer, nor does its client) and the end-to-end
 latency at its last, release; a preemptible tenant's request that is asked to pause leaves the
 engine at once, gives its slot back and continues on a new one with its prompt plus what it has
 generated (the prefix cache makes the re-prefill cheap), as docs/preemption.md describes.
@@ -44,14 +45,22 @@ class _Stream:
         "last_token_s",
         "origin_s",
         "received",
+        "streamed",
         "tenant",
         "trace",
     )
 
     def __init__(
-        self, trace: RequestTrace, tenant: TenantState, origin_s: float, arrived_s: float
+        self,
+        trace: RequestTrace,
+        tenant: TenantState,
+        origin_s: float,
+        arrived_s: float,
+        *,
+        streamed: bool,
     ) -> None:
         self.trace = trace
+        self.streamed = streamed
         self.tenant = tenant
         self.origin_s = origin_s
         self.arrived_s = arrived_s
@@ -67,6 +76,10 @@ class _Stream:
         return self.done
 
     def tokens(self, times_s: Sequence[float], gaps_s: Sequence[float]) -> None:
+        if not self.streamed:
+            self.last_token_s = times_s[-1]
+            self.received += len(times_s)
+            return
         itl = self.trace.itl_s
         if self.last_token_s is None:
             self.trace.first_token_s = times_s[0] - self.origin_s
@@ -79,6 +92,10 @@ class _Stream:
         self.received += len(times_s)
 
     def token(self, time_s: float) -> None:
+        if not self.streamed:
+            self.last_token_s = time_s
+            self.received += 1
+            return
         last_s = self.last_token_s
         if last_s is None:
             self.trace.first_token_s = time_s - self.origin_s
@@ -144,8 +161,8 @@ class TwinGateway:
         self.state.controlplane_connected = True
 
     async def serve(self, trace: RequestTrace, tenant_name: str, shape: RequestShape) -> None:
-        """Serve one streamed completion of `tenant_name` to its end, filling `trace` as the
-        bench's client would; CancelledError (the load's horizon) leaves the request running
+        """Serve one completion of `tenant_name` to its end (streamed or not, as `shape` asks),
+        filling `trace` as the bench's client would; CancelledError (the load's horizon) leaves the request running
         nowhere."""
         tenant = self.state.tenants[tenant_name]
         arrived_s = self._clock.monotonic()
@@ -157,7 +174,7 @@ class TwinGateway:
             trace.fail(self._clock.monotonic() - self._origin_s, f"HTTP {status}: {exc}", status)
             return
         trace.http_status = 200
-        stream = _Stream(trace, tenant, self._origin_s, arrived_s)
+        stream = _Stream(trace, tenant, self._origin_s, arrived_s, streamed=shape.streamed)
         prompt = tuple(shape.prompt_token_ids)
         try:
             while True:

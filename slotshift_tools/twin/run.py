@@ -8,13 +8,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slotshift.config import SlotshiftConfig, apply_overrides, parse_config, reveal
 from slotshift_tools.bench.arrivals import RequestShape
-from slotshift_tools.bench.load import LoadGenerator
+from slotshift_tools.bench.load import LoadGenerator, ScheduledRequest
 from slotshift_tools.bench.runner import RunResult
 from slotshift_tools.bench.sampler import Sample
 from slotshift_tools.bench.scenario import POOL_BASELINE, PolicyRun, Scenario
@@ -102,14 +102,19 @@ def simulate_run(
     steady_s: float,
     overrides: dict[str, Any] | None = None,
     settings: TwinSettings | None = None,
+    schedule: Mapping[str, Sequence[ScheduledRequest]] | None = None,
 ) -> tuple[RunResult, TwinStats]:
-    """Run `run` of `scenario` in virtual time; the bench's RunResult and the twin's stats."""
+    """Run `run` of `scenario` in virtual time; the bench's RunResult and the twin's stats.
+
+    schedule: every tenant's sends, instead of its arrival process (a replayed request log:
+    slotshift_tools/twin/replay.py), as `LoadGenerator` takes it; a send at or past warmup_s +
+    steady_s is not sent."""
     settings = settings or TwinSettings()
     config = run_config(scenario, run, dict(overrides or {}))
     clock = VirtualClock()
     cpu_before = time.process_time()
     result, engine = run_virtual(
-        _simulate(scenario, run, config, clock, warmup_s, steady_s, settings), clock
+        _simulate(scenario, run, config, clock, warmup_s, steady_s, settings, schedule), clock
     )
     stats = TwinStats(
         cpu_s=time.process_time() - cpu_before,
@@ -128,6 +133,7 @@ async def _simulate(
     warmup_s: float,
     steady_s: float,
     settings: TwinSettings,
+    schedule: Mapping[str, Sequence[ScheduledRequest]] | None,
 ) -> tuple[RunResult, TwinEngine]:
     loop = asyncio.get_running_loop()
     assert isinstance(loop, VirtualEventLoop)
@@ -159,7 +165,7 @@ async def _simulate(
         tenant_of,
         scenario.request_timeout_s,
     )
-    load = LoadGenerator(scenario, client, urls, horizon_s=horizon_s)
+    load = LoadGenerator(scenario, client, urls, horizon_s=horizon_s, schedule=schedule)
     samples: list[Sample] = []
 
     async def sample() -> None:

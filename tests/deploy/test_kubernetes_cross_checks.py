@@ -177,8 +177,16 @@ def test_the_probes_are_grpc_health_for_the_control_plane_and_http_for_the_gatew
     _, controlplane = overlay.workload_running("controlplane")
     _, gateway = overlay.workload_running("gateway")
 
-    assert controlplane["livenessProbe"]["grpc"] == {"port": config.controlplane.grpc_port}
-    assert controlplane["readinessProbe"]["grpc"] == {"port": config.controlplane.grpc_port}
+    workload, _ = overlay.workload_running("controlplane")
+    port = config.controlplane.grpc_port
+    assert controlplane["livenessProbe"]["grpc"] == {"port": port}
+    # With several replicas only the leader is ready: it alone serves the gateways' stream.
+    readiness = (
+        {"port": port}
+        if workload["spec"]["replicas"] == 1
+        else {"port": port, "service": "slotshift.v1.GatewayService"}
+    )
+    assert controlplane["readinessProbe"]["grpc"] == readiness
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
 
@@ -225,7 +233,9 @@ def test_peers_in_the_config_are_services_on_the_right_ports(overlay: Manifests)
     config = _config(overlay)
     controlplane, _ = overlay.workload_running("controlplane")
 
-    for target in (config.gateway.controlplane_target, config.agent.controlplane_target):
+    configured = (config.gateway.controlplane_target, config.agent.controlplane_target)
+    targets = [t for each in configured for t in ([each] if isinstance(each, str) else each)]
+    for target in targets:
         host, _, port = target.rpartition(":")
         service, service_port = overlay.service_at(host, int(port))
         assert overlay.workloads_selected_by(service) == [controlplane]
@@ -309,10 +319,22 @@ def test_the_gateway_replicas_match_the_fallback_split(overlay: Manifests) -> No
 
 
 def test_one_control_plane_at_a_time(overlay: Manifests) -> None:
-    controlplane, _ = overlay.workload_running("controlplane")
+    """One replica, replaced by Recreate; or several that share a PostgreSQL store (they elect
+    one leader there) and that a rolling update may replace all at once (a follower is never
+    ready: components/ha)."""
+    controlplane, container = overlay.workload_running("controlplane")
 
-    assert controlplane["spec"]["replicas"] == 1
-    assert controlplane["spec"]["strategy"] == {"type": "Recreate"}
+    if controlplane["spec"]["replicas"] == 1:
+        assert controlplane["spec"]["strategy"] == {"type": "Recreate"}
+        return
+    assert "controlplane.state_store.kind=postgresql" in container["args"]
+    assert controlplane["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == "100%"
+    (query,) = [
+        s
+        for s in overlay.of_kind("Service")
+        if s["metadata"]["name"] == "slotshift-controlplane-query"
+    ]
+    assert query["spec"]["publishNotReadyAddresses"] is True
 
 
 def test_every_tenant_key_file_is_a_mounted_secret_key(overlay: Manifests, tmp_path: Path) -> None:

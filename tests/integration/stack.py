@@ -12,8 +12,22 @@ from admission_gateway.gateway import AdmissionGateway
 from controlplane.server import ControlPlane
 from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig
+from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
 
 GATEWAYS = 3
+
+
+class NoGpu:
+    """A GpuReader for a machine without NVML (the agent reports no GPU figures, and says so)."""
+
+    def open(self) -> None:
+        raise GpuReadError("no NVML in this test")
+
+    def read_devices(self) -> list[GpuDeviceReading]:
+        raise GpuReadError("no NVML in this test")
+
+    def close(self) -> None:
+        return None
 
 
 @dataclass

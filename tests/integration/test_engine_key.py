@@ -24,8 +24,7 @@ import pytest
 from admission_gateway.gateway import AdmissionGateway
 from slotshift.config import SlotshiftConfig, parse_config
 from telemetry_agent.agent import TelemetryAgent
-from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
-from tests.integration.stack import Stack, start_stack
+from tests.integration.stack import NoGpu, Stack, start_stack
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -34,19 +33,6 @@ ENGINE_KEY = "sk-engine-integration-key-93b2"
 KEY_A = "sk-engine-test-tenant-a-1c4d"
 KEY_BATCH = "sk-engine-test-tenant-batch-7e20"
 MODEL = "Qwen/Qwen2.5-3B-Instruct"
-
-
-class _NoGpu:
-    """A GpuReader for a machine without NVML."""
-
-    def open(self) -> None:
-        raise GpuReadError("no NVML in this test")
-
-    def read_devices(self) -> list[GpuDeviceReading]:
-        raise GpuReadError("no NVML in this test")
-
-    def close(self) -> None:
-        return None
 
 
 def _config(engine_url: str, grpc_port: int, *, folder: Path, gateway_key: Path) -> SlotshiftConfig:
@@ -110,7 +96,7 @@ async def keyed(tmp_path: Path) -> AsyncIterator[KeyedStack]:
             ),
             gateways=1,
         )
-        agent = TelemetryAgent(stack.config.agent, gpu_reader=_NoGpu())
+        agent = TelemetryAgent(stack.config.agent, gpu_reader=NoGpu())
         await agent.start()
         exits.push_async_callback(agent.stop)
         yield KeyedStack(stack, tmp_path)

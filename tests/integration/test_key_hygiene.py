@@ -36,7 +36,7 @@ from engine_sim.server import EngineSim
 from slotshift.config import PolicyName, SlotshiftConfig, parse_config
 from slotshift.v1 import admin_pb2, admin_pb2_grpc
 from telemetry_agent.agent import TelemetryAgent
-from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
+from tests.integration.stack import NoGpu
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -54,19 +54,6 @@ ENGINE_KEY = "sk-hygiene-engine-key-e5d917"
 api_key_file), so not among the config's SecretStr values."""
 MODEL = "Qwen/Qwen2.5-3B-Instruct"
 BUDGET = 8
-
-
-class _NoGpu:
-    """A GpuReader for a machine without NVML."""
-
-    def open(self) -> None:
-        raise GpuReadError("no NVML in this test")
-
-    def read_devices(self) -> list[GpuDeviceReading]:
-        raise GpuReadError("no NVML in this test")
-
-    def close(self) -> None:
-        return None
 
 
 def _config(
@@ -168,7 +155,7 @@ async def _start_stack(exits: AsyncExitStack, policy: PolicyName, folder: Path) 
     await control_plane.start()
     exits.push_async_callback(control_plane.stop)
     config = _config(engine.url, control_plane.grpc_port, policy, token_file, engine_key)
-    agent = TelemetryAgent(config.agent, gpu_reader=_NoGpu(), tracer_provider=provider("agent"))
+    agent = TelemetryAgent(config.agent, gpu_reader=NoGpu(), tracer_provider=provider("agent"))
     await agent.start()
     exits.push_async_callback(agent.stop)
     gateway = AdmissionGateway(config, gateway_id="gw-0", tracer_provider=provider("gateway"))

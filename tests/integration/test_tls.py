@@ -14,6 +14,7 @@ every gRPC hop (gateway and agent to the control plane) and HTTPS on the gateway
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shlex
 import ssl
@@ -32,13 +33,24 @@ from aiohttp import web
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from admission_gateway.gateway import AdmissionGateway
+from controlplane.agent_advisor import ChatAdvisor
+from controlplane.core.snapshot import PoolSnapshot, TenantLoad
 from controlplane.server import ControlPlane
 from engine_sim.server import EngineSim
-from slotshift.config import ClientTlsConfig, ServerTlsConfig, SlotshiftConfig, parse_config
+from slotshift.clock import SystemClock
+from slotshift.config import (
+    AgentPolicyConfig,
+    ClientTlsConfig,
+    EngineSimConfig,
+    ServerTlsConfig,
+    SlotshiftConfig,
+    parse_config,
+)
 from slotshift.tls import load_channel_security, open_channel, server_ssl_context
 from telemetry_agent.agent import TelemetryAgent
-from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
+from telemetry_agent.engine_scraper import EngineScraper
 from tests.grpcurl import grpcurl_binary
+from tests.integration.stack import NoGpu
 from tests.pki import TestPki, make_pki
 from tests.support import wait_until
 
@@ -46,19 +58,6 @@ pytestmark = pytest.mark.integration
 
 KEY_A = "tls-test-key-a"
 MODEL = "Qwen/Qwen2.5-3B-Instruct"
-
-
-class _NoGpu:
-    """A GpuReader for a machine without NVML."""
-
-    def open(self) -> None:
-        raise GpuReadError("no NVML in this test")
-
-    def read_devices(self) -> list[GpuDeviceReading]:
-        raise GpuReadError("no NVML in this test")
-
-    def close(self) -> None:
-        return None
 
 
 @pytest.fixture
@@ -171,7 +170,7 @@ async def test_mutual_tls_on_every_hop_and_https_on_the_gateway(pki: TestPki) ->
             client_tls=_client_tls(pki),
             gateway_tls=_server_tls(pki, mutual=False),
         )
-        agent = TelemetryAgent(config.agent, gpu_reader=_NoGpu())
+        agent = TelemetryAgent(config.agent, gpu_reader=NoGpu())
         await agent.start()
         exits.push_async_callback(agent.stop)
         gateway = AdmissionGateway(config, gateway_id="gw-tls")
@@ -464,3 +463,86 @@ async def test_the_gateway_without_a_client_cert_gets_no_answer_from_the_engine(
     )
     assert status >= 500, body
     assert https_engine.client_subjects == []
+
+
+# the agent's scrape of an https engine, and the agent policy's https LLM endpoint ---------------
+
+
+async def _https_site(pki: TestPki, routes: list[web.RouteDef]) -> tuple[web.AppRunner, str]:
+    """An https server requiring a client certificate from pki's CA, serving `routes`."""
+    app = web.Application()
+    app.add_routes(routes)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    tls = ServerTlsConfig.model_validate(_server_tls(pki, mutual=True))
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_ssl_context(tls))
+    await site.start()
+    return runner, f"https://127.0.0.1:{runner.addresses[0][1]}"
+
+
+async def test_the_agent_scrapes_an_https_engine_with_its_client_certificate(pki: TestPki) -> None:
+    engine = EngineSim(EngineSimConfig(port=0))
+    await engine.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{engine.url}/metrics") as response,
+        ):
+            exposition = await response.text()
+    finally:
+        await engine.stop()
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=exposition, content_type="text/plain")
+
+    runner, url = await _https_site(pki, [web.get("/metrics", metrics)])
+    try:
+        for tls, ok in (
+            (ClientTlsConfig.model_validate(_client_tls(pki)), True),
+            (ClientTlsConfig(ca_file=str(pki.ca_cert)), False),
+        ):
+            scraper = EngineScraper(f"{url}/metrics", timeout_s=2.0, clock=SystemClock(), tls=tls)
+            await scraper.open()
+            try:
+                scrape = await scraper.scrape()
+            finally:
+                await scraper.close()
+            assert (scrape.error_reason is None) is ok, scrape
+    finally:
+        await runner.cleanup()
+
+
+async def test_the_agent_policy_asks_an_https_llm_with_its_client_certificate(
+    pki: TestPki,
+) -> None:
+    async def chat(request: web.Request) -> web.Response:
+        answer = {"limits": {"A": 6, "B": 4}, "reason": "over TLS"}
+        return web.json_response(
+            {"choices": [{"message": {"role": "assistant", "content": json.dumps(answer)}}]}
+        )
+
+    runner, url = await _https_site(pki, [web.post("/v1/chat/completions", chat)])
+    pool = _config().pools[0]
+    snapshot = PoolSnapshot(
+        now_s=0.0,
+        tenants={t.name: TenantLoad() for t in pool.tenants},
+        current_limits={t.name: 5 for t in pool.tenants},
+    )
+    try:
+        for tls, ok in (
+            (_client_tls(pki), True),
+            ({"ca_file": str(pki.ca_cert)}, False),
+        ):
+            settings = AgentPolicyConfig.model_validate(
+                {"url": f"{url}/v1", "tls": tls, "deadline_ms": 5000}
+            )
+            advisor = ChatAdvisor(pool, settings)
+            try:
+                advice = await advisor.advise(snapshot)
+            finally:
+                await advisor.close()
+            assert (advice.error is None) is ok, advice
+            if ok:
+                assert advice.limits == {"A": 6, "B": 4}
+    finally:
+        await runner.cleanup()

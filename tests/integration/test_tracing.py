@@ -30,7 +30,7 @@ from controlplane.server import ControlPlane
 from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig, parse_config
 from telemetry_agent.agent import TelemetryAgent
-from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
+from tests.integration.stack import NoGpu
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -38,19 +38,6 @@ pytestmark = pytest.mark.integration
 KEY_B = "key-b"
 MODEL = "Qwen/Qwen2.5-3B-Instruct"
 TOKENS = 200
-
-
-class _NoGpu:
-    """A GpuReader for a machine without NVML."""
-
-    def open(self) -> None:
-        raise GpuReadError("no NVML in this test")
-
-    def read_devices(self) -> list[GpuDeviceReading]:
-        raise GpuReadError("no NVML in this test")
-
-    def close(self) -> None:
-        return None
 
 
 class Traced:
@@ -125,7 +112,7 @@ async def stack() -> AsyncIterator[Stack]:
         exits.push_async_callback(control_plane.stop)
         config = _config(engine.url, control_plane.grpc_port)
         agent = TelemetryAgent(
-            config.agent, gpu_reader=_NoGpu(), tracer_provider=traced["agent"].provider
+            config.agent, gpu_reader=NoGpu(), tracer_provider=traced["agent"].provider
         )
         await agent.start()
         exits.push_async_callback(agent.stop)

@@ -10,6 +10,7 @@ from controlplane.core.config_change import (
     ConfigChangeError,
     UnknownTenantError,
     add_tenant,
+    check_fleet_keys,
     check_new_keys,
     config_key_digests,
     remove_tenant,
@@ -165,3 +166,13 @@ def test_a_removed_tenants_slots_return_only_as_it_drains() -> None:
     state.record_demand(session, state.allocation.version, drained)
     assert state.known_tenants() == {"B"}
     assert "A" not in state.allocation.gateways["gw"]
+
+
+def test_a_tenant_is_one_set_of_keys_across_the_pools() -> None:
+    fleet = {"A": [key_digest("key-a")], "B": [key_digest("key-b")]}
+    check_fleet_keys("A", [key_digest("key-a")], fleet)  # A joins a second pool, same key
+    check_fleet_keys("C", [key_digest("key-c")], fleet)  # a new tenant, a new key
+    with pytest.raises(ConfigChangeError, match="holds other keys in another pool"):
+        check_fleet_keys("A", [key_digest("key-a2")], fleet)
+    with pytest.raises(ConfigChangeError, match="already identifies another tenant"):
+        check_fleet_keys("C", [key_digest("key-b")], fleet)

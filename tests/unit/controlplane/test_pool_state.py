@@ -391,3 +391,28 @@ def test_each_period_resplits_by_where_the_demand_is() -> None:
     targets = state.allocation.gateways["starved"]
     assert targets["A"].target_slots > 0
     assert targets["B"].target_slots > 0
+
+
+def test_the_restart_hold_ends_once_every_stored_gateway_has_said_hello() -> None:
+    """The store named two gateways: the hold lasts until both are back, not a whole lease."""
+    clock = ManualClock()
+    state = _state(clock, past_startup_hold=False)
+    state.expect_gateways(["first", "late"])
+    first = SimGateway("first", {"A": 4, "B": 20}, applied_version=30)
+    first.connect(state)
+    clock.advance(1.0)
+    assert state.holding, "one of the two known gateways is still away"
+    late = SimGateway("late", {"A": 4, "B": 20}, applied_version=30)
+    late.connect(state)
+    assert not state.holding, "both are back: no need to wait out the lease"
+
+
+def test_without_stored_gateways_the_hold_lasts_its_lease_from_the_start_of_serving() -> None:
+    clock = ManualClock()
+    state = _state(clock, past_startup_hold=False)
+    clock.advance(10.0)  # a follower for a while: its first hold has long run out
+    state.expect_gateways([])  # elected now, nobody stored
+    SimGateway("first", {"A": 4, "B": 20}, applied_version=30).connect(state)
+    assert state.holding
+    clock.advance(6.0)
+    assert not state.holding

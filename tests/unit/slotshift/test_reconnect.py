@@ -7,12 +7,14 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from slotshift.clock import ManualClock
-from slotshift.reconnect import ReconnectingStream, Sleep, StreamState
+from slotshift.reconnect import ReconnectingStream, Sleep, StreamState, Targets
 from tests.support import wait_until
 
 PEER = "the peer at 127.0.0.1:1"
@@ -239,3 +241,106 @@ async def test_a_second_run_at_once_is_refused() -> None:
 def test_a_cap_below_the_first_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="initial_s"):
         make([], max_s=0.5)
+
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+async def _health_server(status: int) -> tuple[grpc.aio.Server, Any, str]:
+    server = grpc.aio.server()
+    servicer = health.aio.HealthServicer()  # type: ignore[attr-defined]
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await servicer.set(SERVICE, status)
+    return server, servicer, f"127.0.0.1:{port}"
+
+
+SERVICE = "test.Stream"
+
+
+async def test_targets_skip_a_replica_that_does_not_serve_and_follow_the_one_that_does() -> None:
+    follower, follower_health, follower_at = await _health_server(NOT_SERVING)
+    leader, leader_health, leader_at = await _health_server(SERVING)
+    try:
+        sleeps = Sleeps()
+        clock = ManualClock()
+        bodies: list[str] = []
+        release = asyncio.Event()
+        targets = Targets(
+            [follower_at, leader_at], grpc.aio.insecure_channel, health_service=SERVICE
+        )
+
+        async def body(channel: grpc.aio.Channel, opened: Callable[[], None]) -> str:
+            bodies.append(targets.current)
+            opened()
+            await release.wait()
+            release.clear()
+            return "the peer ended it"
+
+        link = ReconnectingStream(
+            body,
+            open_channel=targets,
+            stream="test stream",
+            peer="the peer",
+            initial_s=1.0,
+            max_s=8.0,
+            clock=clock,
+            rng=random.Random(3),
+            logger=logging.getLogger(LOGGER),
+            sleep=sleeps,
+        )
+        task = asyncio.create_task(link.run(), name="test-link")
+        try:
+            await wait_until(lambda: link.connected)
+            # The follower said NOT_SERVING; the leader was tried at once, without a delay.
+            assert bodies == [leader_at] and sleeps.delays == [0.0]
+            # The leader steps down and ends the stream; the other replica now leads.
+            await leader_health.set(SERVICE, NOT_SERVING)
+            await follower_health.set(SERVICE, SERVING)
+            release.set()
+            await wait_until(lambda: len(bodies) == 2 and link.connected)
+            assert bodies == [leader_at, follower_at]
+        finally:
+            await cancel(task)
+    finally:
+        await follower.stop(None)
+        await leader.stop(None)
+
+
+async def test_targets_back_off_once_a_whole_round_failed() -> None:
+    first, _, first_at = await _health_server(NOT_SERVING)
+    second, _, second_at = await _health_server(NOT_SERVING)
+    try:
+        sleeps = Sleeps()
+        targets = Targets([first_at, second_at], grpc.aio.insecure_channel, health_service=SERVICE)
+
+        async def body(channel: grpc.aio.Channel, opened: Callable[[], None]) -> str:
+            raise AssertionError("no replica serves: no stream is opened")
+
+        link = ReconnectingStream(
+            body,
+            open_channel=targets,
+            stream="test stream",
+            peer="the peer",
+            initial_s=1.0,
+            max_s=8.0,
+            clock=ManualClock(),
+            rng=random.Random(3),
+            logger=logging.getLogger(LOGGER),
+            sleep=sleeps,
+        )
+        task = asyncio.create_task(link.run(), name="test-link")
+        try:
+            await wait_until(lambda: link.attempts >= 6)
+        finally:
+            await cancel(task)
+        # Rounds of two: the second address at once, then the backoff (1, 2, 4: doubling).
+        delays = sleeps.delays[:6]
+        assert delays[0::2] == [0.0, 0.0, 0.0]
+        for delay, step in zip(delays[1::2], [1.0, 2.0, 4.0], strict=True):
+            assert step / 2 <= delay <= step
+    finally:
+        await first.stop(None)
+        await second.stop(None)

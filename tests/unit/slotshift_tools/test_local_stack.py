@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from slotshift.config import apply_overrides, load_config, parse_config
+from slotshift.config.state_store import DEFAULT_SQLITE_NAME
 from slotshift_tools.local_stack import HOST, StackPorts, _engine_key_settings, write_config
 
 CONFIG = parse_config(
@@ -53,7 +54,13 @@ def test_the_settings_put_every_service_on_the_ports() -> None:
 def test_a_written_config_reads_back_with_its_secrets(tmp_path: Path) -> None:
     path = tmp_path / "run" / "slotshift.yaml"
     write_config(path, CONFIG)
-    assert load_config(path) == CONFIG
+    loaded = load_config(path)
+    # Loaded from a file, the state store's file is the one beside it (slotshift/config/loading.py).
+    store = loaded.controlplane.state_store
+    assert store.sqlite_file == str(path.parent / DEFAULT_SQLITE_NAME)
+    unset = store.model_copy(update={"sqlite_file": None})
+    controlplane = loaded.controlplane.model_copy(update={"state_store": unset})
+    assert loaded.model_copy(update={"controlplane": controlplane}) == CONFIG
     assert "secret-key-a" in path.read_text()
 
 

@@ -272,3 +272,64 @@ async def test_an_unreachable_postgresql_is_a_store_error(tmp_path: Path) -> Non
     store = PostgresStateStore(f"host={tmp_path} dbname=none", connect_timeout_s=1)
     with pytest.raises(StoreError, match="postgresql"):
         await store.open()
+
+
+async def test_the_gateways_of_a_pool_are_replaced_whole(store: StateStore) -> None:
+    assert await store.gateways("p") == []
+    await store.set_gateways("p", ["gw-b", "gw-a", "gw-a"])
+    await store.set_gateways("q", ["gw-q"])
+    assert await store.gateways("p") == ["gw-a", "gw-b"]
+    await store.set_gateways("p", ["gw-c"])
+    assert await store.gateways("p") == ["gw-c"]
+    assert await store.gateways("q") == ["gw-q"]
+
+
+async def test_one_holder_at_a_time_each_taking_a_higher_epoch(store: StateStore) -> None:
+    first = await store.acquire_lease("leader", "a", ttl_s=30.0)
+    assert (first.holder, first.epoch) == ("a", 1)
+    assert 29.0 < first.remaining_s <= 30.0
+    refused = await store.acquire_lease("leader", "b", ttl_s=30.0)
+    assert (refused.holder, refused.epoch) == ("a", 1)
+    assert 0 < refused.remaining_s <= 30.0
+    assert await store.renew_lease("leader", "a", 1, ttl_s=30.0)
+    assert not await store.renew_lease("leader", "b", 1, ttl_s=30.0)
+    # A replica restarted under the same name takes its own lease back at once, newer.
+    again = await store.acquire_lease("leader", "a", ttl_s=30.0)
+    assert (again.holder, again.epoch) == ("a", 2)
+    assert not await store.renew_lease("leader", "a", 1, ttl_s=30.0)
+
+
+async def test_an_expired_or_released_lease_goes_to_the_next(store: StateStore) -> None:
+    await store.acquire_lease("leader", "a", ttl_s=0.001)
+    # The store's clock moves on its own; 1 ms is soon gone (each call takes longer).
+    taken = await store.acquire_lease("leader", "b", ttl_s=30.0)
+    for _ in range(100):
+        if taken.holder == "b":
+            break
+        taken = await store.acquire_lease("leader", "b", ttl_s=30.0)
+    assert (taken.holder, taken.epoch) == ("b", 2)
+    assert not await store.renew_lease("leader", "a", 1, ttl_s=30.0)
+    await store.release_lease("leader", "a", 1)  # not a's: nothing happens
+    assert (await store.acquire_lease("leader", "c", ttl_s=30.0)).holder == "b"
+    await store.release_lease("leader", "b", 2)
+    assert not await store.renew_lease("leader", "b", 2, ttl_s=30.0)
+    taken = await store.acquire_lease("leader", "c", ttl_s=30.0)
+    assert (taken.holder, taken.epoch) == ("c", 3)
+    other = await store.acquire_lease("other", "a", ttl_s=30.0)
+    assert (other.holder, other.epoch) == ("a", 1)
+
+
+async def test_the_lease_outlives_the_store_object(new_store: StoreFactory) -> None:
+    store = new_store()
+    await store.open()
+    try:
+        await store.acquire_lease("leader", "a", ttl_s=30.0)
+    finally:
+        await store.close()
+    store = new_store()
+    await store.open()
+    try:
+        lease = await store.acquire_lease("leader", "b", ttl_s=30.0)
+    finally:
+        await store.close()
+    assert (lease.holder, lease.epoch) == ("a", 1)

@@ -1,6 +1,6 @@
 """A fake OpenAI-compatible gateway for the client and load tests: streams vLLM-shaped chunks.
 
-The API key picks the behaviour: `ok` (the default for unknown keys), `no-usage`, `refuse`
+A body with `stream: false` gets the whole answer at once. The API key picks the behaviour: `ok` (the default for unknown keys), `no-usage`, `refuse`
 (429), `error-event`, `cut` (no [DONE]), `hang` (never answers).
 """
 
@@ -51,9 +51,14 @@ class FakeGateway:
         if key == "hang":
             await self.released.wait()
             return web.json_response({"error": {"message": "released"}}, status=503)
+        tokens = int(body["max_tokens"])
+        if body.get("stream") is False:
+            await asyncio.sleep(FIRST_TOKEN_DELAY_S + CHUNK_GAP_S * (tokens - 1))
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": tokens}
+            text = "".join(f"t{index}" for index in range(tokens))
+            return web.json_response({"id": "cmpl-1", "choices": [{"text": text}], "usage": usage})
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        tokens = int(body["max_tokens"])
         await asyncio.sleep(FIRST_TOKEN_DELAY_S)
         for index in range(tokens):
             if index:

@@ -69,6 +69,22 @@ async def test_a_streamed_request_is_timed_chunk_by_chunk(
     assert sent["model"] == "m"
 
 
+async def test_a_request_not_streamed_gets_its_length_from_the_answers_usage(
+    gateway: FakeGateway, session: aiohttp.ClientSession
+) -> None:
+    client = _client(session)
+    trace = _trace(client)
+    await client.send(trace, gateway.url, "ok", RequestShape([1001, 1002, 1003], 5, streamed=False))
+    assert trace.status is RequestStatus.OK
+    assert trace.output_tokens == 5
+    # The client sees no token before the whole answer: no TTFT, no ITLs.
+    assert trace.first_token_s is None and trace.itl_s == []
+    assert trace.end_s is not None and trace.end_s - trace.start_s >= FIRST_TOKEN_DELAY_S
+    (sent,) = gateway.requests
+    assert sent["stream"] is False
+    assert "stream_options" not in sent
+
+
 async def test_without_usage_the_chunks_are_counted(
     gateway: FakeGateway, session: aiohttp.ClientSession
 ) -> None:

@@ -1,0 +1,28 @@
+"""A bearer token on a service's Prometheus `/metrics` (each section's `metrics_token_file`):
+the token read once at start and kept as its digest; a scrape without it gets 401."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from slotshift.config import ConfigError, read_secret_tokens
+from slotshift.keys import key_digest
+
+
+def metrics_token_digest(path: str, field: str) -> bytes:
+    """The digest of the one token in `path` (read as every token file: blank lines and `#`
+    comments skipped); ConfigError if the file cannot be read or holds none or several.
+    Blocks: reads the file."""
+    tokens = read_secret_tokens(path, field=field)
+    if len(tokens) != 1:
+        raise ConfigError(f"{field}: {path} holds {len(tokens)} tokens, one is needed")
+    return key_digest(tokens[0])
+
+
+def metrics_unauthorized() -> web.Response:
+    """The answer to a scrape without the token (Prometheus shows its status)."""
+    return web.json_response(
+        {"error": "unauthorized: /metrics needs its bearer token"},
+        status=401,
+        headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+    )
