@@ -168,6 +168,16 @@ class GatewayState:
         """The allocation version enforced now; 0 while on the fallback split."""
         return self._applied_version
 
+    def room(self, tenant: str) -> tuple[int, int] | None:
+        """What the router (routing.Front.room) reads of `tenant` here: (its limit less what it
+        runs and queues, what it runs); None when this pool does not know the tenant. One
+        function for the proxy's PoolFront and the twin's fronts, so that both route alike."""
+        held = self._tenants.get(tenant)
+        if held is None:
+            return None
+        admission = held.admission
+        return admission.limit_slots - admission.in_flight - admission.queued, admission.in_flight
+
     @property
     def epoch(self) -> int:
         """The newest leader epoch an applied allocation carried (0: none yet, or a control

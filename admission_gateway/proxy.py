@@ -151,12 +151,9 @@ class PoolFront:
         self._down_until_s = self._clock.monotonic() + self._down_s
 
     def room(self, tenant: str) -> tuple[int, int] | None:
-        """routing.Front.room: the tenant's free slots here less its queue, and its in flight."""
-        held = self.state.tenants.get(tenant)
-        if held is None:
-            return None
-        admission = held.admission
-        return admission.limit_slots - admission.in_flight - admission.queued, admission.in_flight
+        """routing.Front.room: the tenant's free slots here less its queue, and its in flight
+        (GatewayState.room)."""
+        return self.state.room(tenant)
 
 
 class OpenAIProxy:

@@ -90,6 +90,14 @@ def run_bench(
     except ScenarioError as exc:
         print(f"slotshift bench: invalid scenario: {exc}", file=sys.stderr)
         return 2
+    if scenario.fleet:
+        # The live bench starts one engine and one pool; a fleet runs in the twin.
+        print(
+            "slotshift bench: a fleet scenario (pools) runs in the twin: slotshift simulate "
+            f"{scenario_path}",
+            file=sys.stderr,
+        )
+        return 2
     if runs is not None:
         known = [r.name for r in scenario.policies]
         unknown = [name for name in runs if name not in known]
@@ -227,7 +235,7 @@ def write_results(
     tenants = [t.name for t in scenario.tenants]
     series = [r.series for r in records.values()]
     plot_throughput(document["policies"], tenants, folder / "throughput.png")
-    plot_allocation(series, tenants, scenario.budget_slots, folder / "allocation.png")
+    plot_allocation(series, tenants, scenario.total_budget_slots, folder / "allocation.png")
     plot_gpu_utilization(series, folder / "gpu_utilization.png")
     _plot_reclaims(scenario, records, folder)
 

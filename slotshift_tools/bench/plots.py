@@ -177,3 +177,69 @@ def _shade_warmup(axes: Axes, window: Window) -> None:
 def _gaps(values: Sequence[float | None]) -> list[float]:
     """Missing readings as NaN, which matplotlib leaves as gaps in a line."""
     return [math.nan if v is None else float(v) for v in values]
+
+
+@dataclass(frozen=True)
+class PoolSeries:
+    """What the fleet plot needs of one pool in one run."""
+
+    pool: str
+    budget_slots: int
+    samples: Sequence[Sample]
+    share: float | None
+    """Its share of its model's completed requests (None: no other pool serves its model)."""
+    capacity_share: float | None
+    """The share its capacity gives it among its model's replicas (None: not measured)."""
+
+
+def plot_fleet(runs: Mapping[str, Sequence[PoolSeries]], window: Window, path: Path) -> None:
+    """Per run: each engine's requests inside it (running plus waiting, solid) against its
+    pool's budget (dotted, the same colour); beside it, each replica's share of its model's
+    completed requests (bars) against its capacity share (a black tick)."""
+    names = list(runs)
+    figure = Figure(figsize=(12, 2.6 * len(names) + 0.6), dpi=DPI)
+    grid = figure.subplots(len(names), 2, squeeze=False, width_ratios=(3, 1))
+    for row, run in enumerate(names):
+        engines_axes: Axes = grid[row, 0]
+        shares_axes: Axes = grid[row, 1]
+        replicas = [p for p in runs[run] if p.share is not None]
+        for index, pool in enumerate(runs[run]):
+            colour = _COLOURS[index % len(_COLOURS)]
+            engines_axes.plot(
+                [s.t_s for s in pool.samples],
+                _gaps(
+                    [
+                        None
+                        if s.engine_running is None or s.engine_waiting is None
+                        else s.engine_running + s.engine_waiting
+                        for s in pool.samples
+                    ]
+                ),
+                color=colour,
+                linewidth=1.0,
+                label=pool.pool,
+            )
+            engines_axes.axhline(pool.budget_slots, color=colour, linewidth=0.8, linestyle=":")
+        _shade_warmup(engines_axes, window)
+        engines_axes.set_title(f"{run}: requests in each engine (dotted: its budget)")
+        engines_axes.set_ylabel("requests")
+        engines_axes.legend(loc="lower right", fontsize="small")
+        positions = list(range(len(replicas)))
+        heights = [p.share or 0.0 for p in replicas]
+        bars = shares_axes.bar(
+            positions,
+            heights,
+            color=[_COLOURS[runs[run].index(p) % len(_COLOURS)] for p in replicas],
+        )
+        shares_axes.bar_label(bars, labels=[f"{h:.1%}" for h in heights], label_type="center")
+        for position, pool in zip(positions, replicas, strict=True):
+            if pool.capacity_share is not None:
+                shares_axes.hlines(
+                    pool.capacity_share, position - 0.4, position + 0.4, color="black"
+                )
+        shares_axes.set_xticks(positions, [p.pool for p in replicas])
+        shares_axes.set_ylim(0, 1)
+        shares_axes.set_title("share of the model's completed", fontsize="small")
+    grid[-1, 0].set_xlabel("seconds from the start of the load")
+    figure.tight_layout()
+    figure.savefig(path)

@@ -1,5 +1,10 @@
 """The benchmark scenario: one YAML file says who sends what, when, and which policies to compare.
 
+A scenario is one server (`budget_slots`: one pool, one engine) or a fleet (`pools`: several
+servers, each a pool with its models, budget and emulator profile, fronted by one gateway fleet
+that routes by the request's model; each tenant names the `model` it sends and the pools it is
+a tenant of). `bench/scenarios/fleet.yaml` is a commented fleet.
+
 Models are frozen and validated on load, in the style of slotshift/config.py: units in field
 names, a docstring per field, unknown fields refused. `bench/scenarios/seed.yaml` is the study's
 setup and a commented example of every section.
@@ -18,10 +23,19 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
-from slotshift.config import PolicyName, PoolConfig, TenantConfig, reveal, validation_problems
+from slotshift.config import (
+    EngineSimConfig,
+    PolicyName,
+    PoolConfig,
+    TenantConfig,
+    reveal,
+    validation_problems,
+)
+from slotshift.config.emulator import EmulatorProfile
 
 POOL_BASELINE = "pool"
 """The baseline that is not a policy: one unpartitioned pool, every tenant's requests in one
@@ -214,6 +228,97 @@ class BenchTenant(_Model):
     """Its objectives, for request_goodput; the TTFT and end-to-end ones are also the pool's
     tenant SLOs (ttft_slo_ms, e2e_slo_ms), which the slo policy steers by."""
 
+    model: Name | None = None
+    """Fleet scenarios: the model its requests name (the gateways route by it); unset: the
+    scenario's `model`."""
+
+    pools: dict[Name, PoolShare] | None = None
+    """Fleet scenarios: the pools it is a tenant of, each with its bounds there (a list of
+    names: the tenant's own bounds in each). Its requests may go to those of them that serve
+    its model."""
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _pool_names(cls, value: Any) -> Any:
+        # `pools: [small-a, small-b]` is the common case: the tenant's own bounds everywhere.
+        if isinstance(value, list):
+            return {name: {} for name in value}
+        return value
+
+    def pool_tenant(self, pool: str) -> TenantConfig:
+        """The tenant as pool `pool` of a fleet has it (its bounds there); the SLOs and keys are
+        the tenant's own. KeyError if it is not a tenant of that pool."""
+        share = (self.pools or {})[pool]
+        return TenantConfig(
+            name=self.name,
+            api_keys=self.api_keys,
+            floor_slots=self.floor_slots if share.floor_slots is None else share.floor_slots,
+            ceiling_slots=(
+                self.ceiling_slots if share.ceiling_slots is None else share.ceiling_slots
+            ),
+            weight=self.weight if share.weight is None else share.weight,
+            lendable_percent=self.lendable_percent,
+            borrowing_limit_percent=self.borrowing_limit_percent,
+            preemptible=self.preemptible,
+            ttft_slo_ms=self.slo.ttft_ms,
+            e2e_slo_ms=self.slo.e2el_ms,
+        )
+
+
+class PoolShare(_Model):
+    """A tenant's bounds in one pool of a fleet; each unset field takes the tenant's own."""
+
+    floor_slots: Annotated[int, Field(ge=0)] | None = None
+    """Slots it always keeps in this pool."""
+
+    ceiling_slots: Annotated[int, Field(ge=0)] | None = None
+    """Most slots it may hold in this pool."""
+
+    weight: Annotated[float, Field(gt=0)] | None = None
+    """Its share of this pool's budget relative to the pool's other tenants."""
+
+
+class FleetPool(_Model):
+    """One server of a fleet: a pool with its own budget and its own emulated engine."""
+
+    name: Name
+    """The pool's name (in the stack's config and `policies.<run>.pools.<name>`)."""
+
+    models: Annotated[list[Name], Field(min_length=1)]
+    """The model names its engine serves (the pool's `models`); pools serving the same model
+    are its replicas. The first names the engine's model (`engine_sim.model_name`)."""
+
+    budget_slots: Annotated[int, Field(ge=1)]
+    """The pool's slot budget: most requests inside its engine at once."""
+
+    profile: EmulatorProfile = "h200-qwen2.5-3b"
+    """The emulator profile of its engine (engine_sim/profiles.py): a slower replica of a small
+    model is the 7B profile serving the small model's name."""
+
+    engine_overrides: dict[str, Any] = Field(default_factory=dict)
+    """Fields of the engine_sim section for this engine only (`step_base_ms: 12`), over the
+    stack's engine_sim section and the profile."""
+
+    @model_validator(mode="after")
+    def _engine_valid(self) -> FleetPool:
+        # The engine's config must be one the emulator accepts (field names and bounds).
+        self.engine_config(EngineSimConfig())
+        return self
+
+    def engine_config(self, base: EngineSimConfig) -> EngineSimConfig:
+        """This pool's engine section: `base` with the profile, the model name and the
+        overrides set; ValueError names a bad override."""
+        data = {
+            **base.model_dump(),
+            "profile": self.profile,
+            "model_name": self.models[0],
+            **self.engine_overrides,
+        }
+        try:
+            return EngineSimConfig.model_validate(data)
+        except ValidationError as exc:
+            raise ValueError(f"engine_overrides: {validation_problems(exc)}") from None
+
 
 class PolicyRun(_Model):
     """One run of the stack: a policy (or the pool baseline) under a name the results use."""
@@ -302,8 +407,13 @@ class Scenario(_Model):
     """Seeds every random choice (arrival gaps, lengths, prompt tokens), per tenant; every run
     of the scenario gets the same draws."""
 
-    budget_slots: Annotated[int, Field(ge=1)]
-    """The pool's slot budget."""
+    budget_slots: Annotated[int, Field(ge=1)] | None = None
+    """The pool's slot budget (a one-server scenario; set this or pools)."""
+
+    pools: list[FleetPool] = Field(default_factory=list)
+    """A fleet's servers, each a pool (set this or budget_slots): the stack's gateways front
+    them all and route each request by its model. Fleet scenarios run in the twin
+    (`slotshift simulate`)."""
 
     decision_period_s: PositiveSeconds = 2.0
     """Seconds between two decisions of the control plane."""
@@ -359,6 +469,17 @@ class Scenario(_Model):
                 raise ValueError(f"goal {goal.label}: no run named {unknown[0]!r}")
             if goal.tenant is not None and goal.tenant not in names:
                 raise ValueError(f"goal {goal.label}: no tenant named {goal.tenant!r}")
+        if self.pools:
+            self._check_fleet()
+            return self
+        if self.budget_slots is None:
+            raise ValueError("set budget_slots (one server) or pools (a fleet)")
+        fleet_only = [t.name for t in self.tenants if t.pools is not None or t.model is not None]
+        if fleet_only:
+            raise ValueError(
+                f"tenants {fleet_only} set model or pools, which only a fleet scenario (pools) "
+                "takes"
+            )
         # The pool must be one the control plane accepts: floors within the budget, etc.
         PoolConfig(
             name="bench",
@@ -377,6 +498,65 @@ class Scenario(_Model):
             ],
         )
         return self
+
+    def _check_fleet(self) -> None:
+        if self.budget_slots is not None:
+            raise ValueError("set budget_slots (one server) or pools (a fleet), not both")
+        _no_repeats("pool names", [p.name for p in self.pools])
+        pools = {p.name: p for p in self.pools}
+        for tenant in self.tenants:
+            if not tenant.pools:
+                raise ValueError(f"tenant {tenant.name}: a fleet's tenant names its pools")
+            unknown = sorted(set(tenant.pools) - set(pools))
+            if unknown:
+                raise ValueError(f"tenant {tenant.name}: no pools named {unknown}")
+            model = self.model_of(tenant)
+            if model is None:
+                raise ValueError(f"tenant {tenant.name}: set its model (or the scenario's)")
+            if not any(model in pools[p].models for p in tenant.pools):
+                raise ValueError(
+                    f"tenant {tenant.name}: none of its pools {sorted(tenant.pools)} serves "
+                    f"its model {model!r}"
+                )
+            if isinstance(tenant.arrival, OnOffArrival):
+                # Reclaim is measured against one pool's nominal share; a fleet has several.
+                raise ValueError(f"tenant {tenant.name}: a fleet's tenants take no on_off load")
+        for pool in self.pools:
+            # Each pool must be one the control plane accepts with its tenants' bounds there.
+            PoolConfig(
+                name=pool.name,
+                budget_slots=pool.budget_slots,
+                models=pool.models,
+                tenants=[t.pool_tenant(pool.name) for t in self.pool_tenants(pool.name)],
+            )
+
+    @property
+    def fleet(self) -> bool:
+        """Whether this is a fleet scenario (several pools behind one gateway fleet)."""
+        return bool(self.pools)
+
+    @property
+    def total_budget_slots(self) -> int:
+        """The slots of every server together (the one pool's budget, or the fleet's sum)."""
+        if self.budget_slots is not None:
+            return self.budget_slots
+        return sum(p.budget_slots for p in self.pools)
+
+    def model_of(self, tenant: BenchTenant) -> str | None:
+        """The model `tenant`'s requests name: its own, else the scenario's."""
+        return tenant.model if tenant.model is not None else self.model
+
+    def pool_tenants(self, pool: str) -> list[BenchTenant]:
+        """The tenants of fleet pool `pool`, in the scenario's order (a pool without tenants
+        is refused by the pool's own validation)."""
+        return [t for t in self.tenants if t.pools is not None and pool in t.pools]
+
+    def fleet_pool(self, name: str) -> FleetPool:
+        """The fleet pool called `name`; KeyError if there is none."""
+        for pool in self.pools:
+            if pool.name == name:
+                return pool
+        raise KeyError(name)
 
     def tenant(self, name: str) -> BenchTenant:
         """The tenant called `name`; KeyError if there is none."""

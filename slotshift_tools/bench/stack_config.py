@@ -24,6 +24,7 @@ from slotshift_tools.local_stack import HOST, StackPorts
 
 __all__ = [
     "StackPorts",
+    "fleet_config_data",
     "merged_overrides",
     "override_args",
     "stack_config_data",
@@ -31,10 +32,12 @@ __all__ = [
 ]
 
 
-def stack_tenants(scenario: Scenario, run: PolicyRun) -> list[str]:
-    """The tenants the control plane knows in this run."""
+def stack_tenants(scenario: Scenario, run: PolicyRun, pool: str | None = None) -> list[str]:
+    """The tenants the control plane knows in this run (in fleet pool `pool`, if named)."""
     if run.policy == POOL_BASELINE:
         return [POOL_BASELINE]
+    if pool is not None:
+        return [t.name for t in scenario.pool_tenants(pool)]
     return [t.name for t in scenario.tenants]
 
 
@@ -101,6 +104,74 @@ def stack_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
         # only the truly recomputed part of a resumed prompt as waste.
         "engine_sim": {"host": HOST, "port": ports.engine, "enable_prompt_tokens_details": True},
         "local_stack": {"gateway_ports": list(ports.gateways), "start_engine_sim": True},
+    }
+
+
+def fleet_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> dict[str, Any]:
+    """A fleet scenario's config for one run, as a YAML-ready document: every pool with its
+    models and budget, one gateway fleet fronting them all (`gateway.pools`), an engine per
+    pool at `ports.engine + its index` with the pool's profile (`local_stack.emulator_profiles`;
+    the twin also applies each pool's engine_overrides, which have no place in this file).
+
+    For a policy each pool has its tenants with their bounds there. For the `pool` baseline each
+    pool has ONE tenant, `pool`, holding every key of the fleet, floor 0, under the static
+    policy: every server one unpartitioned pool (a key names one tenant fleet-wide, so the
+    baseline's tenant is the same in every pool). The gateways route the baseline's requests
+    as any others: by model, to the replica where `pool` has the most room at that gateway.
+    """
+    baseline = run.policy == POOL_BASELINE
+    every_key = [reveal(k) for t in scenario.tenants for k in t.api_keys]
+    pools: list[dict[str, Any]] = []
+    for index, pool in enumerate(scenario.pools):
+        tenants: list[dict[str, Any]]
+        if baseline:
+            tenants = [{"name": POOL_BASELINE, "api_keys": every_key, "floor_slots": 0}]
+        else:
+            tenants = []
+            for tenant in scenario.pool_tenants(pool.name):
+                held = tenant.pool_tenant(pool.name).model_dump(mode="json", exclude_unset=True)
+                held["api_keys"] = [reveal(k) for k in tenant.api_keys]
+                tenants.append(held)
+        pools.append(
+            {
+                "name": pool.name,
+                "models": list(pool.models),
+                "budget_slots": pool.budget_slots,
+                "policy": "static" if baseline else run.policy,
+                "decision_period_s": scenario.decision_period_s,
+                "engine_url": f"http://{HOST}:{ports.engine + index}",
+                "tenants": tenants,
+            }
+        )
+    controlplane = f"{HOST}:{ports.controlplane}"
+    return {
+        "pools": pools,
+        "controlplane": {
+            "grpc_host": HOST,
+            "grpc_port": ports.controlplane,
+            "metrics_port": ports.controlplane_metrics,
+        },
+        "gateway": {
+            "host": HOST,
+            "pools": [p.name for p in scenario.pools],
+            "controlplane_target": controlplane,
+            "fallback_replicas": len(ports.gateways),
+        },
+        "agent": {
+            "controlplane_target": controlplane,
+            "metrics_port": ports.agent_metrics,
+            "host": HOST,
+            "engines": [
+                {"pool": p["name"], "metrics_url": f"{p['engine_url']}/metrics", "gpus": []}
+                for p in pools
+            ],
+        },
+        "engine_sim": {"host": HOST, "port": ports.engine, "enable_prompt_tokens_details": True},
+        "local_stack": {
+            "gateway_ports": list(ports.gateways),
+            "start_engine_sim": True,
+            "emulator_profiles": {p.name: p.profile for p in scenario.pools},
+        },
     }
 
 

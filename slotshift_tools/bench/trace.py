@@ -47,6 +47,9 @@ class RequestTrace:
     http_status: int | None = None
     error: str | None = None
     """Why it failed, briefly."""
+    pool: str | None = None
+    """The pool the gateway sent it to (fleet scenarios); None: a one-pool scenario, or refused
+    before it was routed."""
 
     @property
     def ttft_s(self) -> float | None:
@@ -82,6 +85,8 @@ class RequestTrace:
             "max_tokens": self.max_tokens,
             "output_tokens": self.output_tokens,
             "itl_ms": [round(gap * 1000.0, 3) for gap in self.itl_s],
+            # Only a fleet's requests name their pool: one-pool traces keep their shape.
+            **({} if self.pool is None else {"pool": self.pool}),
         }
 
     @classmethod
@@ -99,4 +104,5 @@ class RequestTrace:
             status=RequestStatus(data["status"]),
             http_status=data["http_status"],
             error=data["error"],
+            pool=data.get("pool"),
         )

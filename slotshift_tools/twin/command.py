@@ -24,11 +24,24 @@ from slotshift_tools.bench.command import (
     write_results,
     write_run_files,
 )
+from slotshift_tools.bench.fleet import (
+    FleetRunResult,
+    fleet_checks,
+    fleet_markdown,
+    fleet_run_summary,
+)
 from slotshift_tools.bench.load import ScheduledRequest
-from slotshift_tools.bench.plots import RunSeries
+from slotshift_tools.bench.plots import PoolSeries, RunSeries, plot_fleet
 from slotshift_tools.bench.runner import RunResult, RunSettings
-from slotshift_tools.bench.scenario import POOL_BASELINE, Scenario, ScenarioError, load_scenario
+from slotshift_tools.bench.scenario import (
+    POOL_BASELINE,
+    PolicyRun,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+)
 from slotshift_tools.bench.summary import markdown_table, run_summary, summary_document
+from slotshift_tools.twin.fleet import replica_capacities, simulate_fleet_run
 from slotshift_tools.twin.replay import ReplayedTraffic, ReplayError, replayed_traffic
 from slotshift_tools.twin.run import TwinStats, simulate_run
 from slotshift_tools.twin.settings import TwinSettings
@@ -42,6 +55,8 @@ class SimulatedRun:
     """Its summary (`policies.<run>` of summary.json) and series, for the plots."""
     result: RunResult
     stats: TwinStats
+    fleet: FleetRunResult | None = None
+    """A fleet scenario's run: each pool's own (`result` is then the whole fleet's)."""
 
 
 def simulate_scenario(
@@ -57,7 +72,19 @@ def simulate_scenario(
     the same results. schedule: every tenant's sends instead of its arrival process (see
     `simulate_run`), the same in every run."""
     runs: dict[str, SimulatedRun] = {}
+    if scenario.fleet and schedule is not None:
+        raise ValueError("a fleet runs its scenario's arrival processes, not a schedule")
     for run in scenario.policies:
+        if scenario.fleet:
+            runs[run.name] = simulate_fleet(
+                scenario,
+                run,
+                warmup_s=warmup_s,
+                steady_s=steady_s,
+                overrides=overrides,
+                settings=settings,
+            )
+            continue
         result, stats = simulate_run(
             scenario,
             run,
@@ -75,6 +102,66 @@ def simulate_scenario(
         )
         runs[run.name] = SimulatedRun(record, result, stats)
     return runs
+
+
+def simulate_fleet(
+    scenario: Scenario,
+    run: PolicyRun,
+    *,
+    steady_s: float,
+    warmup_s: float,
+    overrides: dict[str, Any] | None = None,
+    settings: TwinSettings | None = None,
+) -> SimulatedRun:
+    """One run of fleet scenario `scenario` in the twin, with its fleet summary (bench/fleet.py)
+    and the replicas' capacities measured on its own mix of requests."""
+    fleet, stats = simulate_fleet_run(
+        scenario, run, warmup_s=warmup_s, steady_s=steady_s, overrides=overrides, settings=settings
+    )
+    summary = fleet_run_summary(scenario, fleet, replica_capacities(scenario, fleet))
+    nominal: dict[str, int] = {}
+    for pool in fleet.pools.values():
+        for tenant, slots in nominal_shares(pool.result.config.pools[0]).items():
+            nominal[tenant] = nominal.get(tenant, 0) + slots
+    record = RunRecord(
+        summary,
+        RunSeries(run.name, fleet.fleet.window, fleet.fleet.samples),
+        limited=run.policy != POOL_BASELINE,
+        nominal_slots=nominal,
+    )
+    return SimulatedRun(record, fleet.fleet, stats, fleet)
+
+
+def write_fleet_files(folder: Path, simulated: Mapping[str, SimulatedRun]) -> None:
+    """Each fleet run's pools' samples and decisions (`<run>/pools/<pool>/`), and fleet.png."""
+    series: dict[str, list[PoolSeries]] = {}
+    window = None
+    for name, run in simulated.items():
+        if run.fleet is None:
+            continue
+        replicas = {
+            pool: figures
+            for group in run.record.summary["replicas"].values()
+            for pool, figures in group.items()
+        }
+        series[name] = []
+        for pool, pool_run in run.fleet.pools.items():
+            write_run_files(folder / name / "pools" / pool, pool_run.result)
+            # The pool's traces are the run's own, already in <run>/traces.jsonl with their pool.
+            (folder / name / "pools" / pool / "traces.jsonl").unlink()
+            figures = replicas.get(pool, {})
+            series[name].append(
+                PoolSeries(
+                    pool,
+                    pool_run.budget_slots,
+                    pool_run.result.samples,
+                    figures.get("share"),
+                    figures.get("capacity_share"),
+                )
+            )
+        window = run.result.window
+    if window is not None:
+        plot_fleet(series, window, folder / "fleet.png")
 
 
 def run_simulate(
@@ -119,6 +206,10 @@ def run_simulate(
         return 2
     traffic: ReplayedTraffic | None = None
     if replay is not None:
+        if scenario.fleet:
+            # A log is one pool's; a fleet's traffic comes from its own arrival processes.
+            print("slotshift simulate: --replay takes a one-server scenario", file=sys.stderr)
+            return 2
         if duration_s is not None:
             print(
                 "slotshift simulate: --duration: a replay's window is the log's span",
@@ -167,6 +258,7 @@ def run_simulate(
     stats = {name: run.stats for name, run in simulated.items()}
     for name, run in simulated.items():
         write_run_files(folder / name, run.result)
+    write_fleet_files(folder, simulated)
     bench_settings = RunSettings(
         warmup_s=warmup,
         steady_s=steady_s,
@@ -185,6 +277,10 @@ def run_simulate(
         scenario, {name: record.summary for name, record in records.items()}, meta
     )
     table = markdown_table(document)
+    if scenario.fleet:
+        checks = fleet_checks(scenario, document["policies"])
+        document["fleet_checks"] = checks
+        table += "\n" + fleet_markdown(document["policies"], checks)
     write_results(scenario, folder, document, table, records, meta)
     twin = meta["twin"]
     print(table, file=out)

@@ -74,9 +74,9 @@ class TwinEngine:
                 await self._work.wait()
                 continue
             # Whatever else is due now runs first (an arrival at this instant joins this step),
-            # in both modes, so that jumping and stepping see the same order.
-            while self._loop.next_event_s() <= self._loop.time():  # noqa: ASYNC110 - a yield, not a wait
-                await asyncio.sleep(0)
+            # in both modes, so that jumping and stepping see the same order; the other engines
+            # of a fleet wait the same way, not for one another.
+            await self._loop.settled()
             started_s = self._loop.time()
             if self._closed_form:
                 run = core.advance_decodes(started_s, self._loop.next_event_s())

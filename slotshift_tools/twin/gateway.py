@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from typing import Protocol
 
 from admission_gateway.admission import AdmissionRejected, QueueFull, Slot
 from admission_gateway.control_session import ControlSession, ControlStream
@@ -108,6 +109,16 @@ class _Stream:
         self.ended = request
         if self.done is not None and not self.done.done():
             self.done.set_result(None)
+
+
+class RequestServer(Protocol):
+    """What the twin's client sends a request to: one gateway (TwinGateway), or one gateway
+    fronting a fleet's pools (fleet.TwinFleetGateway)."""
+
+    async def serve(self, trace: RequestTrace, tenant_name: str, shape: RequestShape) -> None:
+        """Serve one streamed completion of stack tenant `tenant_name` to its end, filling
+        `trace`; only CancelledError escapes."""
+        ...
 
 
 class TwinGateway:

@@ -28,7 +28,7 @@ from slotshift_tools.bench.stats import Window
 from slotshift_tools.bench.trace import RequestStatus, RequestTrace
 from slotshift_tools.twin.controlplane import TwinControlPlane
 from slotshift_tools.twin.engine import TwinEngine
-from slotshift_tools.twin.gateway import TwinGateway
+from slotshift_tools.twin.gateway import RequestServer, TwinGateway
 from slotshift_tools.twin.settings import TwinSettings
 from slotshift_tools.twin.stream import GatewayStream
 from slotshift_tools.twin.virtual_loop import VirtualClock, VirtualEventLoop, run_virtual
@@ -66,7 +66,7 @@ class _Client:
         self,
         clock: VirtualClock,
         origin_s: float,
-        gateways: dict[str, TwinGateway],
+        gateways: Mapping[str, RequestServer],
         tenant_of: dict[str, str],
         timeout_s: float,
     ) -> None:

@@ -44,8 +44,11 @@ class _VirtualSelector(selectors.BaseSelector):
     """Keeps registrations (the loop's self-pipe) and never reports an event; a wait advances
     the clock instead."""
 
-    def __init__(self, clock: VirtualClock) -> None:
+    def __init__(self, clock: VirtualClock, on_idle: Callable[[], bool]) -> None:
+        """on_idle: called when the loop would wait; True when it made something ready (the
+        clock then stays where it is)."""
         self._clock = clock
+        self._on_idle = on_idle
         self._keys: dict[int, selectors.SelectorKey] = {}
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
@@ -59,6 +62,8 @@ class _VirtualSelector(selectors.BaseSelector):
         return self._keys.pop(fd)
 
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if (timeout is None or timeout > 0) and self._on_idle():
+            return []
         if timeout is None:
             raise VirtualDeadlock("nothing is ready and no timer is set: the run cannot go on")
         if timeout > 0:
@@ -76,8 +81,27 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
     """A selector event loop on a VirtualClock (see the module docstring)."""
 
     def __init__(self, clock: VirtualClock) -> None:
-        super().__init__(selector=_VirtualSelector(clock))
+        self._settling: list[asyncio.Future[None]] = []
+        super().__init__(selector=_VirtualSelector(clock, self._settle))
         self.clock = clock
+
+    async def settled(self) -> None:
+        """Return once everything due at this instant has run: nothing is ready and the next
+        timer is later (the loop would move the clock). Every process waiting here resumes at
+        that same instant, in the order they began to wait: several engines can each wait for
+        the others' callbacks without yielding to one another forever."""
+        future = self.create_future()
+        self._settling.append(future)
+        await future
+
+    def _settle(self) -> bool:
+        waiting, self._settling = self._settling, []
+        woken = False
+        for future in waiting:
+            if not future.done():
+                future.set_result(None)
+                woken = True
+        return woken
 
     def time(self) -> float:
         return self.clock.now_s
