@@ -50,6 +50,7 @@ def test_the_defaults_are_the_seed_scenarios_tenants() -> None:
     assert isinstance(interactive.prompt_tokens, int)
     assert isinstance(interactive.output_tokens, int)
     assert isinstance(batch.prompt_tokens, int)
+    assert scenario.budget_slots is not None, "the seed is one server"
     on = interactive.arrival.on_s / (interactive.arrival.on_s + interactive.arrival.off_s)
     assert TradeoffSetup() == TradeoffSetup(
         budget_slots=scenario.budget_slots,
