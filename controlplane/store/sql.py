@@ -19,6 +19,7 @@ A subclass runs statements (`?` placeholders) in one transaction each call: `_ru
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -240,6 +241,8 @@ class SqlStateStore:
     async def add_decisions(self, entries: Sequence[LoggedDecision]) -> None:
         if not entries:
             return
+        # Off the event loop: a key frame of a pool of 10,000 tenants is a large document.
+        bodies = await asyncio.to_thread(lambda: [codec.encode_decision(e) for e in entries])
         statements: list[Statement] = [
             (
                 "INSERT INTO slotshift_decisions "
@@ -250,10 +253,10 @@ class SqlStateStore:
                     entry.record.version,
                     entry.record.decided_at_wall_s,
                     entry.keyframe,
-                    codec.encode_decision(entry),
+                    body,
                 ),
             )
-            for entry in entries
+            for entry, body in zip(entries, bodies, strict=True)
         ]
         statements += [
             self._raise(pool, "decision_id", highest)
