@@ -57,12 +57,11 @@ from slotshift_tools.twin.controlplane import TwinControlPlane
 from slotshift_tools.twin.engine import TwinEngine
 from slotshift_tools.twin.gateway import TwinGateway
 from slotshift_tools.twin.run import (
-    _DISCONNECT_LOGGER,
     _PORTS,
     TwinStats,
     _after,
     _Client,
-    _silenced,
+    run_until,
 )
 from slotshift_tools.twin.settings import TwinSettings
 from slotshift_tools.twin.stream import GatewayStream
@@ -293,17 +292,9 @@ async def _simulate(
             for (g, p), stream in streams.items()
         },
     }
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(c, name=f"twin/{name}") for name, c in processes.items()]
-        tasks.append(group.create_task(start_load(), name="twin/load"))
-        tasks.append(group.create_task(_after(origin_s, sample), name="twin/sampler"))
-        await asyncio.sleep(origin_s + horizon_s - clock.monotonic())
-        # The horizon: everything stops at once (a process that failed before has ended the
-        # group, and the sleep, with its error).
-        with _silenced(_DISCONNECT_LOGGER):
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
+    processes["load"] = start_load()
+    processes["sampler"] = _after(origin_s, sample)
+    await run_until(processes, origin_s + horizon_s, clock)
     wall_origin = clock.wall() - clock.monotonic() + origin_s
     window = Window(warmup_s, horizon_s)
     window_wall_s = (wall_origin + warmup_s, wall_origin + horizon_s)

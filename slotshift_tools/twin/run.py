@@ -186,17 +186,9 @@ async def _simulate(
             for g, gw in gateways.items()
         },
     }
-    async with asyncio.TaskGroup() as group:
-        tasks = [group.create_task(c, name=f"twin/{name}") for name, c in processes.items()]
-        tasks.append(group.create_task(start_load(), name="twin/load"))
-        tasks.append(group.create_task(_after(origin_s, sample), name="twin/sampler"))
-        await asyncio.sleep(origin_s + horizon_s - clock.monotonic())
-        # The horizon: everything stops at once (a process that failed before has ended the
-        # group, and the sleep, with its error).
-        with _silenced(_DISCONNECT_LOGGER):
-            for task in tasks:
-                task.cancel()
-            await asyncio.wait(tasks)
+    processes["load"] = start_load()
+    processes["sampler"] = _after(origin_s, sample)
+    await run_until(processes, origin_s + horizon_s, clock)
     wall_origin = clock.wall() - clock.monotonic() + origin_s
     result = RunResult(
         run=run,
@@ -233,6 +225,20 @@ def _silenced(name: str) -> Iterator[None]:
 class _Silence(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return False
+
+
+async def run_until(
+    processes: dict[str, Coroutine[Any, Any, None]], horizon_s: float, clock: VirtualClock
+) -> None:
+    """Run every process (by name) as a task of one group until `horizon_s` on `clock`, then
+    cancel them all at once; a process that fails before ends the group with its error."""
+    async with asyncio.TaskGroup() as group:
+        tasks = [group.create_task(c, name=f"twin/{name}") for name, c in processes.items()]
+        await asyncio.sleep(horizon_s - clock.monotonic())
+        with _silenced(_DISCONNECT_LOGGER):
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
 
 
 async def _after(delay_s: float, process: Callable[[], Coroutine[Any, Any, None]]) -> None:
