@@ -5,6 +5,7 @@ gateways see no failure, and the system heals within the times the config promis
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -148,24 +149,22 @@ async def _sample_engine(session: aiohttp.ClientSession, load: Load, engine_url:
         await asyncio.sleep(0.01)
 
 
-@pytest.fixture
-async def load(ports: Ports, services: ServiceProcesses) -> AsyncIterator[Load]:
-    start_stack(services, ports)
+@contextlib.asynccontextmanager
+async def driven_load(gateway_urls: tuple[str, str], engine_url: str) -> AsyncIterator[Load]:
+    """Eight closed-loop clients per tenant key and gateway, and the engine sampled, while the
+    block runs; then the engine must never have held more than the budget."""
     state = Load()
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         tasks = [
             asyncio.create_task(
-                _client(session, state, ports.gateway_url(g), g, key), name=f"client-{g}-{key}-{i}"
+                _client(session, state, gateway_urls[g], g, key), name=f"client-{g}-{key}-{i}"
             )
             for g in (0, 1)
             for key in ("key-a", "key-b")
             for i in range(8)
         ]
         tasks.append(
-            asyncio.create_task(
-                _sample_engine(session, state, f"http://127.0.0.1:{ports.engine}"),
-                name="sample-engine",
-            )
+            asyncio.create_task(_sample_engine(session, state, engine_url), name="sample-engine")
         )
         try:
             yield state
@@ -174,6 +173,14 @@ async def load(ports: Ports, services: ServiceProcesses) -> AsyncIterator[Load]:
             await asyncio.gather(*tasks)
     assert state.in_engine, "the engine was never sampled"
     assert max(state.in_engine) <= BUDGET, f"engine held {max(state.in_engine)} > budget {BUDGET}"
+
+
+@pytest.fixture
+async def load(ports: Ports, services: ServiceProcesses) -> AsyncIterator[Load]:
+    start_stack(services, ports)
+    urls = (ports.gateway_url(0), ports.gateway_url(1))
+    async with driven_load(urls, f"http://127.0.0.1:{ports.engine}") as state:
+        yield state
 
 
 async def _allocation(ports: Ports) -> Any:

@@ -13,14 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from slotshift.v1 import gateway_pb2, query_pb2, query_pb2_grpc
 from tests.e2e.service_processes import ServiceProcesses, grpc_serving, http_ok, wait_ready
-from tests.e2e.test_chaos import BUDGET, Load, _client, _sample_engine
+from tests.e2e.test_chaos import BUDGET, Load, driven_load
 from tests.postgres import PostgresServer
 from tests.support import free_port, wait_until
 
@@ -136,30 +135,9 @@ async def load(ports: Ports, services: ServiceProcesses) -> AsyncIterator[Load]:
             f"gateway-{index}", "gateway", "--port", str(port), "--gateway-id", f"gw-{index}"
         )
         wait_ready(lambda port=port: http_ok(f"http://127.0.0.1:{port}/ready"), f"gateway {index}")
-    state = Load()
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-        tasks = [
-            asyncio.create_task(
-                _client(session, state, f"http://127.0.0.1:{ports.gateways[g]}", g, key),
-                name=f"client-{g}-{key}-{i}",
-            )
-            for g in (0, 1)
-            for key in ("key-a", "key-b")
-            for i in range(8)
-        ]
-        tasks.append(
-            asyncio.create_task(
-                _sample_engine(session, state, f"http://127.0.0.1:{ports.engine}"),
-                name="sample-engine",
-            )
-        )
-        try:
-            yield state
-        finally:
-            state.stop.set()
-            await asyncio.gather(*tasks)
-    assert state.in_engine, "the engine was never sampled"
-    assert max(state.in_engine) <= BUDGET, f"engine held {max(state.in_engine)} > budget {BUDGET}"
+    urls = tuple(f"http://127.0.0.1:{port}" for port in ports.gateways)
+    async with driven_load((urls[0], urls[1]), f"http://127.0.0.1:{ports.engine}") as state:
+        yield state
 
 
 async def _allocation(target: str) -> Any:
