@@ -122,6 +122,9 @@ class PoolState:
         self._lending: NDArray[np.bool_] = np.zeros(0, dtype=bool)
         """Which tenants held at most their nominal share at the last reconcile."""
         self._lender_short = False
+        self._over_budget = False
+        """Whether, at the last reconcile, the gateways' bounds summed above the budget (a
+        gateway that connected late ran on its fallback split): every shrink is then urgent."""
         """Whether, at the last reconcile, some lender queued where its grant was below its
         target (core/push.py: every shrink is then urgent)."""
         self._waste_samples: deque[tuple[float, int, int]] = deque()
@@ -296,7 +299,7 @@ class PoolState:
         record = self.gateways.get(gateway_id)
         if record is None or self._lending.size != len(self.tenants):
             return None
-        return Waiting(record.queued, self._lending, self._lender_short)
+        return Waiting(record.queued, self._lending, self._lender_short, self._over_budget)
 
     def disconnect_gateway(self, session: GatewaySession) -> None:
         """The gateway's stream ended. Its slots stay counted until its lease runs out, since it
@@ -501,6 +504,7 @@ class PoolState:
         self._lending = limits <= self._row_of(self._nominal)
         short = (grants < targets) & (demand > in_flight) & self._lending
         self._lender_short = bool(short[live].any())
+        self._over_budget = int(bounds.sum()) > self.pool.budget_slots
         candidate = dataclasses.replace(current, cells=candidate_cells)
         published: Allocation | None = None
         if candidate.same_limits(current) and not force_publish:

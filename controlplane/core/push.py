@@ -6,7 +6,8 @@ tenants whose target, limit or pause level moved. An update goes out at once whe
 for it: it carries a reclaim (a pause level changes), the shrink of a tenant whose pool-wide
 limit fell (a decision gave those slots to someone else), a grant to a lender with requests
 queued at that gateway, or any shrink while some lender waits for slots the grants could not
-give it yet (the slots it waits for are freed by the gateways' acknowledgements). Anything else
+give it yet (the slots it waits for are freed by the gateways' acknowledgements) or while the
+gateways may hold more than the budget together (a late gateway's fallback split). Anything else
 (headroom moving between gateways, a borrower's part following its queues) may wait for the
 gateway's next push slot, so that demand moving between gateways costs at most one update per
 gateway per `push_min_interval_ms`.
@@ -58,6 +59,9 @@ class Waiting:
     lender_short: bool
     """Whether some lender has requests queued at a gateway whose grant is below its target
     there: it waits for slots other gateways still hold."""
+    over_budget: bool = False
+    """Whether the gateways may hold more than the budget together (a gateway that connected
+    late ran on its fallback split while another was granted its part): every shrink counts."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -79,8 +83,8 @@ def next_push(pushed: GatewayRow | None, row: GatewayRow, waiting: Waiting | Non
     - nothing pushed yet, or other tenants than last time: a whole update, urgent;
     - otherwise exactly the tenants whose target, limit or pause differ (possibly none);
     - urgent exactly when, among them, some pause level differs, or some limit falls where
-      the tenant's pool-wide limit fell or while `waiting.lender_short`, or some limit rises
-      for a lending tenant with requests queued at the gateway; with `waiting` None, when some
+      the tenant's pool-wide limit fell or while `waiting.lender_short` or
+      `waiting.over_budget`, or some limit rises for a lending tenant with requests queued at the gateway; with `waiting` None, when some
       limit or pause level differs.
     """
     if pushed is None or pushed.tenants != row.tenants:
@@ -104,7 +108,7 @@ def next_push(pushed: GatewayRow | None, row: GatewayRow, waiting: Waiting | Non
     urgent = (
         repaused
         or bool((fell & shrunk).any())
-        or (waiting.lender_short and bool(fell.any()))
+        or ((waiting.lender_short or waiting.over_budget) and bool(fell.any()))
         or bool(granted.any())
     )
     return Push(columns=columns, urgent=urgent)

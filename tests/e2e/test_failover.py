@@ -135,6 +135,17 @@ async def load(ports: Ports, services: ServiceProcesses) -> AsyncIterator[Load]:
             f"gateway-{index}", "gateway", "--port", str(port), "--gateway-id", f"gw-{index}"
         )
         wait_ready(lambda port=port: http_ok(f"http://127.0.0.1:{port}/ready"), f"gateway {index}")
+    # A cold start keeps the budget only when every gateway connects within the restart hold
+    # (a gateway lease, 1.5 s here, from the election): one that connects later runs on its
+    # fallback split meanwhile, while the other may already be granted its part. Two replicas
+    # and two gateways starting one after another on a loaded machine can take longer than
+    # that, so the load starts once both gateways are on the leader.
+
+    async def both_connected() -> bool:
+        allocation = await _allocation(ports.target("cp-a"))
+        return {g.gateway_id for g in allocation.gateways} == {"gw-0", "gw-1"}
+
+    await wait_until(both_connected, timeout_s=20, message="both gateways on cp-a")
     urls = tuple(f"http://127.0.0.1:{port}" for port in ports.gateways)
     async with driven_load((urls[0], urls[1]), f"http://127.0.0.1:{ports.engine}") as state:
         yield state

@@ -24,8 +24,10 @@ def _row(
     )
 
 
-def _waiting(queued: list[int], lending: list[bool], *, short: bool = False) -> Waiting:
-    return Waiting(np.array(queued, dtype=np.int64), np.array(lending, dtype=bool), short)
+def _waiting(
+    queued: list[int], lending: list[bool], *, short: bool = False, over: bool = False
+) -> Waiting:
+    return Waiting(np.array(queued, dtype=np.int64), np.array(lending, dtype=bool), short, over)
 
 
 _values = st.lists(st.integers(0, 6), min_size=len(TENANTS), max_size=len(TENANTS))
@@ -74,6 +76,8 @@ def test_a_shrink_goes_at_once_when_its_slots_are_given_away_or_a_lender_waits()
     assert not next_push(before, moved, nobody).urgent, "A's part moving to another gateway"
     lender_waits = _waiting([0, 0, 0, 0], [False, True, True, True], short=True)
     assert next_push(before, moved, lender_waits).urgent
+    over = _waiting([0, 0, 0, 0], [False, True, True, True], over=True)
+    assert next_push(before, moved, over).urgent, "the gateways may hold more than the budget"
     shrunk = _row([5, 4, 0, 0], [5, 4, 0, 0], [NO_PAUSE] * 4, pool=[10, 10, 0, 0])
     assert next_push(before, shrunk, nobody).urgent, "A's pool-wide limit fell: a reclaim"
     paused = _row([6, 4, 0, 0], [6, 4, 0, 0], [3, NO_PAUSE, NO_PAUSE, NO_PAUSE], pool=[12, 8, 0, 0])
@@ -92,6 +96,7 @@ def test_a_shrink_goes_at_once_when_its_slots_are_given_away_or_a_lender_waits()
     _values,
     _flags,
     st.booleans(),
+    st.booleans(),
 )
 @settings(max_examples=500, deadline=None)
 def test_next_push_names_exactly_what_moved_and_is_urgent_exactly_when_it_must(
@@ -106,10 +111,11 @@ def test_next_push_names_exactly_what_moved_and_is_urgent_exactly_when_it_must(
     queued: list[int],
     lending: list[bool],
     short: bool,
+    over: bool,
 ) -> None:
     before = _row(targets_before, limits_before, pauses_before, pool_before)
     after = _row(targets, limits, pauses, pool)
-    push = next_push(before, after, _waiting(queued, lending, short=short))
+    push = next_push(before, after, _waiting(queued, lending, short=short, over=over))
     moved = [
         i
         for i in range(len(TENANTS))
@@ -120,7 +126,7 @@ def test_next_push_names_exactly_what_moved_and_is_urgent_exactly_when_it_must(
     assert push.columns.tolist() == moved
     must = any(
         pauses[i] != pauses_before[i]
-        or (limits[i] < limits_before[i] and (pool[i] < pool_before[i] or short))
+        or (limits[i] < limits_before[i] and (pool[i] < pool_before[i] or short or over))
         or (limits[i] > limits_before[i] and lending[i] and queued[i] > 0)
         for i in moved
     )
