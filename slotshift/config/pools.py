@@ -11,6 +11,9 @@ from slotshift.config.policies import AgentPolicyConfig, PolicyName, SloPolicyCo
 from slotshift.config.preemption import PreemptionConfig
 from slotshift.config.tls import ClientTlsConfig
 
+ModelName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^\S+$")]
+"""A model name as OpenAI clients send it (`Qwen/Qwen2.5-3B-Instruct`): no white space."""
+
 
 class TenantConfig(ConfigModel):
     """One tenant of a pool: who it is, how it authenticates, and the bounds on its slots."""
@@ -110,7 +113,7 @@ class PoolConfig(ConfigModel):
     bench/scenarios/burst-full-share.yaml was 173 ms, at 0.02 s 101 ms). At most
     1 / this many fast-path decisions a second."""
 
-    models: list[Name] = Field(default_factory=list)
+    models: list[ModelName] = Field(default_factory=list)
     """The model names the pool's engine serves (what a request's `model` says; vLLM's
     `--served-model-name`). The gateways send a request to a pool that serves its model; pools
     that serve the same model are replicas of it. Empty: the pool serves whatever model a request

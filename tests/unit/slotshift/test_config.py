@@ -335,3 +335,12 @@ def test_a_fleet_that_cannot_route_is_refused(change: Any, problem: str) -> None
     change(document)
     with pytest.raises(ConfigError, match=problem):
         parse_config(document)
+
+
+def test_model_names_are_as_clients_send_them() -> None:
+    document = _fleet()
+    document["pools"][0]["models"] = ["Qwen/Qwen2.5-3B-Instruct", "qwen"]
+    assert parse_config(document).pools[0].models == ["Qwen/Qwen2.5-3B-Instruct", "qwen"]
+    document["pools"][0]["models"] = ["with space"]
+    with pytest.raises(ConfigError, match=r"pools\.0\.models\.0"):
+        parse_config(document)
