@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -805,25 +805,28 @@ class _Sums:
         self.admitted += sign * figures.admitted_total
         self.completed += sign * figures.completed_total
         self.rejected += sign * figures.rejected_total
-        worst = self.worst
         if figures.ttft.count > 0:
             self.ttft_count += sign * figures.ttft.count
             self.ttft_weighted += sign * figures.ttft.p50_ms * figures.ttft.count
-            if sign > 0:
-                worst[0].add(figures.ttft.p90_ms)
-                worst[1].add(figures.ttft.p99_ms)
-            else:
-                worst[0].remove(figures.ttft.p90_ms)
-                worst[1].remove(figures.ttft.p99_ms)
         if figures.e2e.count > 0:
             self.e2e_count += sign * figures.e2e.count
             self.e2e_weighted += sign * figures.e2e.p50_ms * figures.e2e.count
+        for worst, value in self._worst_of(figures):
             if sign > 0:
-                worst[2].add(figures.e2e.p90_ms)
-                worst[3].add(figures.e2e.p99_ms)
+                worst.add(value)
             else:
-                worst[2].remove(figures.e2e.p90_ms)
-                worst[3].remove(figures.e2e.p99_ms)
+                worst.remove(value)
+
+    def _worst_of(self, figures: TenantDemand) -> Iterator[tuple[_Worst, float]]:
+        """Each worst latency the figures count in, with their value (a window without samples
+        counts in none)."""
+        ttft90, ttft99, e2e90, e2e99 = self.worst
+        if figures.ttft.count > 0:
+            yield ttft90, figures.ttft.p90_ms
+            yield ttft99, figures.ttft.p99_ms
+        if figures.e2e.count > 0:
+            yield e2e90, figures.e2e.p90_ms
+            yield e2e99, figures.e2e.p99_ms
 
     @property
     def worst_unknown(self) -> bool:
@@ -835,12 +838,8 @@ class _Sums:
         for w in self.worst:
             w.recount(())
         for figures in held:
-            if figures.ttft.count > 0:
-                self.worst[0].add(figures.ttft.p90_ms)
-                self.worst[1].add(figures.ttft.p99_ms)
-            if figures.e2e.count > 0:
-                self.worst[2].add(figures.e2e.p90_ms)
-                self.worst[3].add(figures.e2e.p99_ms)
+            for worst, value in self._worst_of(figures):
+                worst.add(value)
 
     def load(
         self, ttft: LatencySummary, e2e: LatencySummary, oldest: float | None, now_wall_s: float
