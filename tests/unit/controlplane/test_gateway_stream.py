@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import grpc
@@ -54,16 +55,37 @@ def _deliver(
     session.mailbox.put(Delivery(allocation))
 
 
-async def test_held_changes_ride_with_the_next_urgent_one_and_the_slot_frees_them() -> None:
+@dataclasses.dataclass
+class _Writing:
+    clock: ManualClock
+    state: PoolState
+    session: GatewaySession
+    stream: _Stream
+
+
+@contextlib.asynccontextmanager
+async def _writing() -> AsyncIterator[_Writing]:
+    """The writer of gateway "gw"'s stream (tenants A, B) running on a manual clock with a push
+    slot of SLOT_S, its connection's own allocation taken: the test sends its own."""
     clock = ManualClock()
     state = _state(clock)
     session = state.connect_gateway("gw", 0, [TenantDemand("A"), TenantDemand("B")])
-    session.mailbox.take_nowait()  # the connection's own allocation; this test sends its own
+    session.mailbox.take_nowait()
     service = GatewayStreamService({POOL.name: state}, clock=clock, push_min_interval_s=SLOT_S)
     stream = _Stream()
     context = cast("grpc.aio.ServicerContext[object, object]", cast(Any, stream))
     writer = asyncio.create_task(service._write(state, session, context), name="writer")
     try:
+        yield _Writing(clock, state, session, stream)
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer
+
+
+async def test_held_changes_ride_with_the_next_urgent_one_and_the_slot_frees_them() -> None:
+    async with _writing() as w:
+        clock, state, session, stream = w.clock, w.state, w.session, w.stream
         _deliver(state, session, 1, [48, 48], [48, 48])
         await wait_until(lambda: len(stream.updates) == 1, message="the first update")
         first = stream.updates[0]
@@ -93,22 +115,11 @@ async def test_held_changes_ride_with_the_next_urgent_one_and_the_slot_frees_the
         third = stream.updates[2]
         assert third.version == 4
         assert [(t.tenant, t.limit_slots) for t in third.tenants] == [("A", 52)]
-    finally:
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await writer
 
 
 async def test_urgent_updates_take_the_next_slots_so_the_rate_stays_one_per_interval() -> None:
-    clock = ManualClock()
-    state = _state(clock)
-    session = state.connect_gateway("gw", 0, [TenantDemand("A"), TenantDemand("B")])
-    session.mailbox.take_nowait()
-    service = GatewayStreamService({POOL.name: state}, clock=clock, push_min_interval_s=SLOT_S)
-    stream = _Stream()
-    context = cast("grpc.aio.ServicerContext[object, object]", cast(Any, stream))
-    writer = asyncio.create_task(service._write(state, session, context), name="writer")
-    try:
+    async with _writing() as w:
+        clock, state, session, stream = w.clock, w.state, w.session, w.stream
         _deliver(state, session, 1, [48, 48], [48, 48])
         await wait_until(lambda: len(stream.updates) == 1, message="the first update")
         # Two shrinks of B (its pool-wide limit falls): urgent, out at once, each taking a slot.
@@ -128,10 +139,6 @@ async def test_urgent_updates_take_the_next_slots_so_the_rate_stays_one_per_inte
         session.mailbox.wake()
         await wait_until(lambda: len(stream.updates) == 4, message="the held update")
         assert stream.updates[3].version == 4
-    finally:
-        writer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await writer
 
 
 async def test_a_burst_of_reports_is_one_regrant_under_the_runtime() -> None:
