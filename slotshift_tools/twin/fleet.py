@@ -62,6 +62,7 @@ from slotshift_tools.twin.run import (
     _after,
     _Client,
     run_until,
+    twin_stats,
 )
 from slotshift_tools.twin.settings import TwinSettings
 from slotshift_tools.twin.stream import GatewayStream
@@ -191,13 +192,7 @@ def simulate_fleet_run(
     result, engines = run_virtual(
         _simulate(scenario, run, config, clock, warmup_s, steady_s, settings), clock
     )
-    stats = TwinStats(
-        cpu_s=time.process_time() - cpu_before,
-        simulated_s=clock.now_s,
-        engine_steps=sum(e.core.steps_total for e in engines.values()),
-        jumped_steps=sum(e.jumped_steps for e in engines.values()),
-    )
-    return result, stats
+    return result, twin_stats(cpu_before, clock, engines.values())
 
 
 async def _simulate(

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,13 +116,18 @@ def simulate_run(
     result, engine = run_virtual(
         _simulate(scenario, run, config, clock, warmup_s, steady_s, settings, schedule), clock
     )
-    stats = TwinStats(
+    return result, twin_stats(cpu_before, clock, [engine])
+
+
+def twin_stats(cpu_before: float, clock: VirtualClock, engines: Iterable[TwinEngine]) -> TwinStats:
+    """What a run cost: CPU since `cpu_before` (process time), virtual time, the engines' steps."""
+    ran = list(engines)
+    return TwinStats(
         cpu_s=time.process_time() - cpu_before,
         simulated_s=clock.now_s,
-        engine_steps=engine.core.steps_total,
-        jumped_steps=engine.jumped_steps,
+        engine_steps=sum(e.core.steps_total for e in ran),
+        jumped_steps=sum(e.jumped_steps for e in ran),
     )
-    return result, stats
 
 
 async def _simulate(
