@@ -22,6 +22,15 @@ at once within the next `lookahead_s`) + `headroom_slots`, within its floor and 
 always-on closed-loop tenants share the rest by weight. Every candidate is simulated exactly;
 F(a) is the best throughput among candidates whose minimum attainment is >= a.
 
+**The lender-safe frontier F_safe(a)**: the same, among the candidates that are lender-safe
+(`is_lender_safe`): every tenant's SLO goodput (requests meeting its objectives per second, the
+bench's request_goodput) is at least `LENDER_SAFE_RATIO` of what the nominal static split gives
+it. Attainment alone cannot see a closed-loop tenant made slower: its requests still meet their
+objectives, there are just fewer of them, and the slots they would have held serve the batch
+tenant. F(a) therefore rewards slowing a lender down, which is what the product promises not to
+do ("lend my idle capacity, and give it back the moment I need it"); F_safe(a) is the frontier
+of the schedules that keep that promise.
+
 **The upper bound** (`throughput_bound`), on the output tokens of the requests that end inside
 the steady window W = [s, e] (the bench's output_throughput x |W|) under ANY schedule:
 
@@ -98,6 +107,10 @@ from slotshift_tools.bench.stack_config import StackPorts, merged_overrides, sta
 from slotshift_tools.bench.stats import SloLike, Window, is_good, summarise
 from slotshift_tools.bench.trace import RequestStatus, RequestTrace
 
+LENDER_SAFE_RATIO = 0.99
+"""A schedule is lender-safe when every tenant's SLO goodput is at least this share of the
+nominal static split's (issue 12's lender goal: the lender's goodput >= 0.99x static's)."""
+
 DEFAULT_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99, 1.0)
 """The attainments F is reported at by default."""
 
@@ -150,6 +163,30 @@ def min_attainment(per_tenant: Mapping[str, float | None]) -> float:
     """The lowest attainment of the tenants that had requests (1.0 when none had)."""
     values = [v for v in per_tenant.values() if v is not None]
     return min(values) if values else 1.0
+
+
+def goodput(
+    traces: Iterable[RequestTrace], window: Window, slos: Mapping[str, SloLike]
+) -> dict[str, float]:
+    """Each tenant's SLO goodput in the window: its completed requests that count there and meet
+    every objective of the tenant (`is_good`), per second of the window (the bench's
+    request_goodput, per tenant). Tenants missing from `slos` are left out."""
+    good: dict[str, int] = dict.fromkeys(slos, 0)
+    for trace in traces:
+        slo = slos.get(trace.tenant)
+        if slo is not None and window.counts(trace) and is_good(trace, slo):
+            good[trace.tenant] += 1
+    return {name: count / window.length_s for name, count in good.items()}
+
+
+def is_lender_safe(
+    per_tenant: Mapping[str, float],
+    static: Mapping[str, float],
+    ratio: float = LENDER_SAFE_RATIO,
+) -> bool:
+    """Whether every tenant's goodput in `per_tenant` is at least `ratio` of its goodput in
+    `static` (the nominal static split's); a tenant with none under static cannot fail."""
+    return all(per_tenant.get(name, 0.0) >= ratio * value for name, value in static.items())
 
 
 def output_throughput(traces: Iterable[RequestTrace], window: Window) -> float:
@@ -219,6 +256,11 @@ def is_backlogged(tenant: BenchTenant) -> bool:
 # --- schedules -------------------------------------------------------------------------
 
 
+NOMINAL_STATIC = "static-nominal"
+"""The candidate that is the nominal static split (the static policy without its control
+plane): what lender safety is judged against."""
+
+
 @dataclass(frozen=True)
 class Schedule:
     """A family member: fixed limits (`static`), or forecast plus headroom (see the module)."""
@@ -249,7 +291,7 @@ def candidate_schedules(problem: FrontierProblem, *, quick: bool = False) -> lis
     floors = [t.floor_slots for t in pool.tenants]
     budget = pool.budget_slots
     nominal = nominal_shares(pool)
-    schedules = [Schedule("static-nominal", False, static_limits=tuple(nominal[n] for n in names))]
+    schedules = [Schedule(NOMINAL_STATIC, False, static_limits=tuple(nominal[n] for n in names))]
     interactive = [i for i, t in enumerate(problem.scenario.tenants) if not is_backlogged(t)]
     backlogged = [i for i, t in enumerate(problem.scenario.tenants) if is_backlogged(t)]
     if len(interactive) == 1 and backlogged:
@@ -268,7 +310,7 @@ def candidate_schedules(problem: FrontierProblem, *, quick: bool = False) -> lis
         for w in lookaheads:
             schedules.append(Schedule(f"forecast-h{h}-w{w:g}", False, None, h, w))
     if any(t.preemptible for t in pool.tenants):
-        for h in (0, 4) if quick else (0, 1, 2, 4):
+        for h in (0, 4) if quick else (0, 1, 2, 4, 8, 16):
             for w in (0.0,) if quick else (0.0, 0.5, 2.0):
                 schedules.append(Schedule(f"forecast-pause-h{h}-w{w:g}", True, None, h, w))
     unique: dict[tuple[Any, ...], Schedule] = {}
@@ -390,6 +432,8 @@ class OracleRun:
     window: Window
     output_throughput: float
     attainment: dict[str, float | None]
+    goodput: dict[str, float]
+    """Each tenant's SLO goodput (`goodput`)."""
     max_in_engine: int
     """Most requests the engine held at once: never above the budget."""
     max_limits_sum: int
@@ -425,6 +469,7 @@ def simulate_schedule(problem: FrontierProblem, schedule: Schedule) -> OracleRun
         window=window,
         output_throughput=output_throughput(sim.traces, window),
         attainment=per_tenant,
+        goodput=goodput(sim.traces, window, problem.slos),
         max_in_engine=sim.max_in_engine,
         max_limits_sum=sim.max_limits_sum,
         pauses=sim.pauses,
@@ -937,6 +982,20 @@ class FrontierPoint:
         if self.feasible_tok_s is None:
             return None
         return (self.bound_tok_s - self.feasible_tok_s) / self.bound_tok_s
+
+
+def nominal_static_run(runs: Sequence[OracleRun]) -> OracleRun | None:
+    """The nominal static split's run (the first candidate), what lender safety is judged
+    against; None when it was not simulated."""
+    return next((r for r in runs if r.schedule.name == NOMINAL_STATIC), None)
+
+
+def lender_safe_runs(runs: Sequence[OracleRun]) -> list[OracleRun]:
+    """The lender-safe candidates (`is_lender_safe` against the nominal static split)."""
+    static = nominal_static_run(runs)
+    if static is None:
+        return []
+    return [r for r in runs if is_lender_safe(r.goodput, static.goodput)]
 
 
 def frontier_points(

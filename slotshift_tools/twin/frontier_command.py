@@ -25,6 +25,7 @@ from slotshift_tools.bench.trace import RequestTrace
 from slotshift_tools.twin.command import simulate_scenario
 from slotshift_tools.twin.frontier import (
     DEFAULT_LEVELS,
+    LENDER_SAFE_RATIO,
     FrontierPoint,
     FrontierProblem,
     OracleRun,
@@ -33,7 +34,10 @@ from slotshift_tools.twin.frontier import (
     feasible_at,
     frontier_points,
     frontier_problem,
+    goodput,
+    lender_safe_runs,
     min_attainment,
+    nominal_static_run,
     output_throughput,
     search,
     throughput_bound,
@@ -50,10 +54,29 @@ class PolicyPoint:
     attainment: dict[str, float | None]
     frontier_tok_s: float | None
     """F at the run's own minimum attainment (the best candidate reaching it)."""
+    goodput: dict[str, float]
+    """Each tenant's SLO goodput (req/s)."""
+    goodput_vs_static: dict[str, float | None]
+    """Each tenant's goodput over the nominal static split's (None where that has none, or
+    the split was not simulated)."""
+    safe_frontier_tok_s: float | None
+    """F_safe at the run's own minimum attainment (the best lender-safe candidate)."""
 
     @property
     def min_attainment(self) -> float:
         return min_attainment(self.attainment)
+
+    @property
+    def lender_safe(self) -> bool:
+        """Every tenant's goodput at least LENDER_SAFE_RATIO of the nominal static split's."""
+        return all(v is None or v >= LENDER_SAFE_RATIO for v in self.goodput_vs_static.values())
+
+    @property
+    def safe_ratio(self) -> float | None:
+        """output / F_safe(its own attainment)."""
+        if self.safe_frontier_tok_s is None or self.safe_frontier_tok_s == 0:
+            return None
+        return self.output_tok_s / self.safe_frontier_tok_s
 
     @property
     def ratio(self) -> float | None:
@@ -69,6 +92,8 @@ class FrontierResult:
 
     scenario: str
     points: list[FrontierPoint]
+    safe_points: list[FrontierPoint]
+    """F_safe(a): the frontier of the lender-safe candidates."""
     runs: list[OracleRun]
     skipped: int
     """Candidates left out when the CPU budget ran out."""
@@ -105,15 +130,29 @@ def place(
     problem: FrontierProblem,
     runs: Sequence[OracleRun],
 ) -> PolicyPoint:
-    """Where a run lands: its output throughput and attainment by the oracle's own functions,
-    and F at its own minimum attainment."""
+    """Where a run lands: its output throughput, attainment and goodput by the oracle's own
+    functions, and F and F_safe at its own minimum attainment."""
     per_tenant = attainment(traces, window, problem.slos)
-    best = feasible_at(runs, min_attainment(per_tenant))
+    level = min_attainment(per_tenant)
+    best = feasible_at(runs, level)
+    best_safe = feasible_at(lender_safe_runs(runs), level)
+    static = nominal_static_run(runs)
+    served = goodput(traces, window, problem.slos)
     return PolicyPoint(
         name=name,
         output_tok_s=output_throughput(traces, window),
         attainment=per_tenant,
         frontier_tok_s=None if best is None else best.output_throughput,
+        goodput=served,
+        goodput_vs_static={
+            tenant: (
+                value / static.goodput[tenant]
+                if static is not None and static.goodput.get(tenant)
+                else None
+            )
+            for tenant, value in served.items()
+        },
+        safe_frontier_tok_s=None if best_safe is None else best_safe.output_throughput,
     )
 
 
@@ -158,12 +197,14 @@ def compute_frontier(
     without = throughput_bound(problem, pausing=False)
     bound = max(with_pausing.total_tok_s, without.total_tok_s)
     points = frontier_points(runs, bound, levels)
+    safe_points = frontier_points(lender_safe_runs(runs), bound, levels)
     policies = [
         place(name, traces, window, problem, runs) for name, (traces, window) in simulated.items()
     ]
     return FrontierResult(
         scenario=scenario.name,
         points=points,
+        safe_points=safe_points,
         runs=runs,
         skipped=skipped,
         bound_without_pausing_tok_s=without.total_tok_s,
@@ -196,12 +237,18 @@ def result_document(result: FrontierResult) -> dict[str, Any]:
             }
             for p in result.points
         ],
+        "lender_safe_ratio": LENDER_SAFE_RATIO,
+        "safe_frontier": [
+            {"level": p.level, "feasible_tok_s": p.feasible_tok_s, "schedule": p.schedule}
+            for p in result.safe_points
+        ],
         "candidates": [
             {
                 **run.schedule.describe(),
                 "output_tok_s": run.output_throughput,
                 "attainment": run.attainment,
                 "min_attainment": run.min_attainment,
+                "goodput": run.goodput,
                 "max_in_engine": run.max_in_engine,
                 "max_limits_sum": run.max_limits_sum,
                 "pauses": run.pauses,
@@ -217,6 +264,11 @@ def result_document(result: FrontierResult) -> dict[str, Any]:
                 "min_attainment": p.min_attainment,
                 "frontier_tok_s": p.frontier_tok_s,
                 "ratio": p.ratio,
+                "goodput": p.goodput,
+                "goodput_vs_static": p.goodput_vs_static,
+                "lender_safe": p.lender_safe,
+                "safe_frontier_tok_s": p.safe_frontier_tok_s,
+                "safe_ratio": p.safe_ratio,
             }
             for p in result.policies
         ],
@@ -228,29 +280,33 @@ def markdown(result: FrontierResult) -> str:
     lines = [
         f"F(a) on {result.scenario} (output tok/s; bound {result.points[0].bound_tok_s:,.0f} = "
         f"{result.bound_inside_tok_s:,.0f} inside the window + {result.bound_carry_in_tok_s:,.0f} "
-        "carry-in)",
+        "carry-in); F_safe(a) among the lender-safe schedules (every tenant's SLO goodput >= "
+        f"{LENDER_SAFE_RATIO:g}x the nominal static split's)",
         "",
-        "| a | F(a) feasible | schedule | bound | gap |",
-        "| ---: | ---: | --- | ---: | ---: |",
+        "| a | F(a) feasible | schedule | bound | gap | F_safe(a) | schedule |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | --- |",
     ]
-    for p in result.points:
-        feasible = "-" if p.feasible_tok_s is None else f"{p.feasible_tok_s:,.0f}"
+    for p, safe in zip(result.points, result.safe_points, strict=True):
         gap = "-" if p.gap is None else f"{100 * p.gap:.1f}%"
         lines.append(
-            f"| {p.level:.2f} | {feasible} | {p.schedule or '-'} | {p.bound_tok_s:,.0f} | {gap} |"
+            f"| {p.level:.2f} | {_tok_s(p.feasible_tok_s)} | {p.schedule or '-'} "
+            f"| {p.bound_tok_s:,.0f} | {gap} | {_tok_s(safe.feasible_tok_s)} | {safe.schedule or '-'} |"
         )
     if result.policies:
         lines += [
             "",
-            "| run | output tok/s | min attainment | per tenant | F(own a) | ratio |",
-            "| --- | ---: | ---: | --- | ---: | ---: |",
+            "| run | output tok/s | min attainment | per tenant | F(own a) | ratio "
+            "| goodput vs static | F_safe(own a) | ratio to F_safe |",
+            "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |",
         ]
         for q in result.policies:
             tenants = ", ".join(
                 f"{k} {v:.3f}" if v is not None else f"{k} -" for k, v in q.attainment.items()
             )
-            frontier = "-" if q.frontier_tok_s is None else f"{q.frontier_tok_s:,.0f}"
-            ratio = "-" if q.ratio is None else f"{q.ratio:.3f}"
+            served = ", ".join(
+                f"{k} {v:.3f}" if v is not None else f"{k} -"
+                for k, v in q.goodput_vs_static.items()
+            )
             note = (
                 " (no per-tenant limits: outside the schedules' space)"
                 if q.name == POOL_BASELINE
@@ -258,11 +314,20 @@ def markdown(result: FrontierResult) -> str:
             )
             lines.append(
                 f"| {q.name}{note} | {q.output_tok_s:,.0f} | {q.min_attainment:.3f} | {tenants} "
-                f"| {frontier} | {ratio} |"
+                f"| {_tok_s(q.frontier_tok_s)} | {_ratio(q.ratio)} | {served} "
+                f"| {_tok_s(q.safe_frontier_tok_s)} | {_ratio(q.safe_ratio)} |"
             )
     if result.skipped:
         lines.append(f"\n{result.skipped} candidates left out: the CPU budget ran out")
     return "\n".join(lines)
+
+
+def _tok_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def plot(result: FrontierResult, path: Path) -> None:
@@ -285,6 +350,14 @@ def plot(result: FrontierResult, path: Path) -> None:
         where="post",
         color="tab:blue",
         label="F(a), feasible",
+    )
+    safe = [p for p in result.safe_points if p.feasible_tok_s is not None]
+    axes.step(
+        [p.level for p in safe],
+        [p.feasible_tok_s or 0.0 for p in safe],
+        where="post",
+        color="tab:green",
+        label=f"F_safe(a): every tenant's goodput >= {LENDER_SAFE_RATIO:g}x static's",
     )
     levels = [p.level for p in result.points]
     axes.plot(

@@ -12,13 +12,19 @@ from slotshift_tools.bench.stats import Window
 from slotshift_tools.bench.trace import RequestStatus, RequestTrace
 from slotshift_tools.twin.command import simulate_scenario
 from slotshift_tools.twin.frontier import (
+    NOMINAL_STATIC,
     OracleRun,
     Schedule,
     attainment,
     candidate_schedules,
+    feasible_at,
     frontier_points,
     frontier_problem,
+    goodput,
+    is_lender_safe,
+    lender_safe_runs,
     lp_dual_bound,
+    nominal_static_run,
     output_throughput,
     simulate_schedule,
     throughput_bound,
@@ -62,9 +68,46 @@ def _tiny(gateways: int = 1) -> Scenario:
     )
 
 
+def _tiny_closed_lender() -> Scenario:
+    """The lender a closed loop that switches on and off (6 clients, half the budget), beside a
+    backlogged preemptible batch tenant; objectives loose enough that every split meets them."""
+    return parse_scenario(
+        {
+            "name": "tiny-closed-lender",
+            "seed": 7,
+            "budget_slots": 12,
+            "gateways": 1,
+            "tenants": [
+                {
+                    "name": "A",
+                    "api_keys": ["key-a"],
+                    "floor_slots": 1,
+                    "arrival": {"kind": "on_off", "on_s": 1.0, "off_s": 1.0, "concurrency": 6},
+                    "prompt_tokens": 64,
+                    "output_tokens": 32,
+                    "slo": {"ttft_ms": 1000, "e2el_ms": 3000},
+                },
+                {
+                    "name": "B",
+                    "api_keys": ["key-b"],
+                    "floor_slots": 1,
+                    "preemptible": True,
+                    "arrival": {"kind": "closed_loop", "outstanding": 16},
+                    "prompt_tokens": 128,
+                    "output_tokens": {"min_tokens": 96, "max_tokens": 160},
+                    "slo": {"e2el_ms": 4000},
+                },
+            ],
+            "policies": ["static"],
+            "warmup_s": 1.0,
+            "steady_s": 5.0,
+        }
+    )
+
+
 @cache
-def _candidates() -> tuple[OracleRun, ...]:
-    problem = frontier_problem(_tiny())
+def _candidates(scenario: str = "tiny") -> tuple[OracleRun, ...]:
+    problem = frontier_problem(_tiny() if scenario == "tiny" else _tiny_closed_lender())
     return tuple(simulate_schedule(problem, s) for s in candidate_schedules(problem, quick=True))
 
 
@@ -168,3 +211,55 @@ def test_the_lp_bound_is_the_optimum_of_a_known_lp() -> None:
     # An unbounded LP is refused, not bounded.
     with pytest.raises(ValueError, match="unbounded"):
         lp_dual_bound(np.array([[1.0, -1.0]]), np.array([1.0]), np.array([1.0, 1.0]))
+
+
+def test_goodput_counts_the_completed_requests_that_meet_their_objectives() -> None:
+    window = Window(0.0, 10.0)
+    slo = Slo(ttft_ms=1000, e2el_ms=3000)
+    good = RequestTrace("A", 0, 8, 8, 1.0, first_token_s=1.5, end_s=2.0, output_tokens=8)
+    good.status = RequestStatus.OK
+    slow = RequestTrace("A", 0, 8, 8, 1.0, first_token_s=3.0, end_s=5.0, output_tokens=8)
+    slow.status = RequestStatus.OK
+    failed = RequestTrace("A", 0, 8, 8, 2.0, end_s=2.5, status=RequestStatus.FAILED)
+    outside = RequestTrace("A", 0, 8, 8, 10.5, first_token_s=10.6, end_s=11.0, output_tokens=8)
+    outside.status = RequestStatus.OK
+    result = goodput([good, slow, failed, outside], window, {"A": slo, "B": slo})
+    assert result == {"A": pytest.approx(0.1), "B": 0.0}
+
+
+def test_lender_safety_is_every_tenants_goodput_against_the_static_split() -> None:
+    static = {"A": 20.0, "B": 8.0, "C": 0.0}
+    assert is_lender_safe(static, static)
+    assert is_lender_safe({"A": 19.8, "B": 12.0, "C": 0.0}, static)
+    assert not is_lender_safe({"A": 19.7, "B": 12.0, "C": 1.0}, static)
+    assert not is_lender_safe({"B": 12.0}, static), "a tenant left out served nothing"
+
+
+def test_f_rewards_slowing_a_closed_loop_lender_and_f_safe_does_not() -> None:
+    """Attainment cannot see a closed-loop lender made slower: one slot for it keeps every
+    request within its objectives, and its other slots serve the batch tenant. F(1) takes that
+    schedule; F_safe(1) takes one that serves the lender as the static split does."""
+    runs = list(_candidates("closed-lender"))
+    static = nominal_static_run(runs)
+    assert static is not None and static.schedule.name == NOMINAL_STATIC
+    best = feasible_at(runs, 1.0)
+    assert best is not None and best.min_attainment == 1.0
+    assert best.goodput["A"] < 0.5 * static.goodput["A"]
+    safe = lender_safe_runs(runs)
+    assert static in safe and best not in safe
+    best_safe = feasible_at(safe, 1.0)
+    assert best_safe is not None
+    assert best_safe.goodput["A"] >= 0.99 * static.goodput["A"]
+    assert static.output_throughput < best_safe.output_throughput < best.output_throughput
+
+
+def test_f_safe_is_never_above_f() -> None:
+    levels = [0.0, 0.5, 0.9, 1.0]
+    for scenario in ("tiny", "closed-lender"):
+        runs = list(_candidates(scenario))
+        everything = frontier_points(runs, 1e9, levels)
+        safe = frontier_points(lender_safe_runs(runs), 1e9, levels)
+        for all_point, safe_point in zip(everything, safe, strict=True):
+            if safe_point.feasible_tok_s is not None:
+                assert all_point.feasible_tok_s is not None
+                assert safe_point.feasible_tok_s <= all_point.feasible_tok_s
