@@ -271,6 +271,10 @@ class Schedule:
     """Per tenant, in the scenario's order; None for a forecast schedule."""
     headroom_slots: int = 0
     lookahead_s: float = 0.0
+    guards_shares: bool = False
+    """Every tenant holds what it asks up to its nominal share (a backlogged one its whole
+    share) before any tenant gets more: the slo policy's guarantee (APF's MinCurrentCL). The
+    nominal static split guards them too."""
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -279,6 +283,7 @@ class Schedule:
             "static_limits": list(self.static_limits) if self.static_limits else None,
             "headroom_slots": self.headroom_slots,
             "lookahead_s": self.lookahead_s,
+            "guards_shares": self.guards_shares,
         }
 
 
@@ -291,7 +296,14 @@ def candidate_schedules(problem: FrontierProblem, *, quick: bool = False) -> lis
     floors = [t.floor_slots for t in pool.tenants]
     budget = pool.budget_slots
     nominal = nominal_shares(pool)
-    schedules = [Schedule(NOMINAL_STATIC, False, static_limits=tuple(nominal[n] for n in names))]
+    schedules = [
+        Schedule(
+            NOMINAL_STATIC,
+            False,
+            static_limits=tuple(nominal[n] for n in names),
+            guards_shares=True,
+        )
+    ]
     interactive = [i for i, t in enumerate(problem.scenario.tenants) if not is_backlogged(t)]
     backlogged = [i for i, t in enumerate(problem.scenario.tenants) if is_backlogged(t)]
     if len(interactive) == 1 and backlogged:
@@ -306,13 +318,17 @@ def candidate_schedules(problem: FrontierProblem, *, quick: bool = False) -> lis
             schedules.append(Schedule(f"static-{limits[index]}", False, tuple(limits)))
     headrooms = (0, 4) if quick else (0, 1, 2, 4, 8, 16)
     lookaheads = (0.0, 2.0) if quick else (0.0, 0.5, 1.0, 2.0, 4.0, 6.0, 8.0)
-    for h in headrooms:
-        for w in lookaheads:
-            schedules.append(Schedule(f"forecast-h{h}-w{w:g}", False, None, h, w))
-    if any(t.preemptible for t in pool.tenants):
-        for h in (0, 4) if quick else (0, 1, 2, 4, 8, 16):
-            for w in (0.0,) if quick else (0.0, 0.5, 2.0):
-                schedules.append(Schedule(f"forecast-pause-h{h}-w{w:g}", True, None, h, w))
+    for guard in (False, True):
+        kind = "-guard" if guard else ""
+        for h in headrooms:
+            for w in lookaheads:
+                schedules.append(Schedule(f"forecast{kind}-h{h}-w{w:g}", False, None, h, w, guard))
+        if any(t.preemptible for t in pool.tenants):
+            for h in (0, 4) if quick else (0, 1, 2, 4, 8, 16):
+                for w in (0.0,) if quick else (0.0, 0.5, 2.0):
+                    schedules.append(
+                        Schedule(f"forecast-pause{kind}-h{h}-w{w:g}", True, None, h, w, guard)
+                    )
     unique: dict[tuple[Any, ...], Schedule] = {}
     for schedule in schedules:
         key = (
@@ -320,6 +336,8 @@ def candidate_schedules(problem: FrontierProblem, *, quick: bool = False) -> lis
             schedule.static_limits,
             schedule.headroom_slots,
             schedule.lookahead_s,
+            # A static split is what it is, guarded or not (the nominal one comes first).
+            schedule.guards_shares if schedule.static_limits is None else None,
         )
         unique.setdefault(key, schedule)
     return list(unique.values())
@@ -438,6 +456,9 @@ class OracleRun:
     """Most requests the engine held at once: never above the budget."""
     max_limits_sum: int
     """Largest sum of the limits in force: never above the budget."""
+    share_shortfall_slots: int
+    """Most slots a backlogged tenant's limit was ever below its nominal share (0 for the
+    schedules that guard the shares)."""
     pauses: int
     cpu_s: float
 
@@ -472,6 +493,7 @@ def simulate_schedule(problem: FrontierProblem, schedule: Schedule) -> OracleRun
         goodput=goodput(sim.traces, window, problem.slos),
         max_in_engine=sim.max_in_engine,
         max_limits_sum=sim.max_limits_sum,
+        share_shortfall_slots=sim.share_shortfall_slots,
         pauses=sim.pauses,
         cpu_s=time.process_time() - started_cpu,
     )
@@ -508,10 +530,13 @@ class _Oracle:
         self.in_engine = 0
         self.max_in_engine = 0
         self.max_limits_sum = 0
+        self.share_shortfall_slots = 0
         self.pauses = 0
         self.interactive = [i for i, t in enumerate(self.tenants) if not is_backlogged(t)]
         self.backlogged = [i for i, t in enumerate(self.tenants) if is_backlogged(t)]
         self.floors = [t.floor_slots for t in problem.pool.tenants]
+        shares = nominal_shares(problem.pool)
+        self.nominal = [shares[t.name] for t in problem.pool.tenants]
         self.preemptible = [t.preemptible for t in problem.pool.tenants]
         self.forecasts: dict[int, _Forecast] = {}
         if schedule.static_limits is None:
@@ -591,14 +616,20 @@ class _Oracle:
             outstanding = len(self.state[i].running) + self.state[i].paused_or_queued
             want = max(outstanding, self.forecasts[i].at(now)) + self.schedule.headroom_slots
             wants[i] = max(self.floors[i], min(_ceiling(pool, i), want))
-        extra = {i: wants[i] - self.floors[i] for i in self.interactive}
+        if self.schedule.guards_shares:
+            # What each asks up to its nominal share comes first; a backlogged tenant asks all.
+            for i in self.interactive:
+                limits[i] = max(self.floors[i], min(self.nominal[i], wants[i]))
+            for i in self.backlogged:
+                limits[i] = max(self.floors[i], self.nominal[i])
+        extra = {i: wants[i] - limits[i] for i in self.interactive if wants[i] > limits[i]}
         free = self.budget - sum(limits)
         if sum(extra.values()) <= free:
-            for i in self.interactive:
+            for i in extra:
                 limits[i] = wants[i]
         else:
             scaled = _largest_remainder(extra, free)
-            for i in self.interactive:
+            for i in extra:
                 limits[i] += scaled[i]
         _give_rest(limits, self.backlogged, pool, self.budget)
         # With nobody backlogged to take them, the rest is more headroom for the others.
@@ -608,6 +639,9 @@ class _Oracle:
     def _admit(self, now: float) -> None:
         limits = self._limits(now)
         self.max_limits_sum = max(self.max_limits_sum, sum(limits))
+        for i in self.backlogged:
+            shortfall = self.nominal[i] - limits[i]
+            self.share_shortfall_slots = max(self.share_shortfall_slots, shortfall)
         order = self.interactive + self.backlogged
         for i in order:
             state = self.state[i]
@@ -991,11 +1025,15 @@ def nominal_static_run(runs: Sequence[OracleRun]) -> OracleRun | None:
 
 
 def lender_safe_runs(runs: Sequence[OracleRun]) -> list[OracleRun]:
-    """The lender-safe candidates (`is_lender_safe` against the nominal static split)."""
+    """The candidates that keep the slo policy's promises: they guard the nominal shares
+    (`Schedule.guards_shares`) and are lender-safe (`is_lender_safe` against the nominal
+    static split)."""
     static = nominal_static_run(runs)
     if static is None:
         return []
-    return [r for r in runs if is_lender_safe(r.goodput, static.goodput)]
+    return [
+        r for r in runs if r.schedule.guards_shares and is_lender_safe(r.goodput, static.goodput)
+    ]
 
 
 def frontier_points(

@@ -251,6 +251,7 @@ def result_document(result: FrontierResult) -> dict[str, Any]:
                 "goodput": run.goodput,
                 "max_in_engine": run.max_in_engine,
                 "max_limits_sum": run.max_limits_sum,
+                "share_shortfall_slots": run.share_shortfall_slots,
                 "pauses": run.pauses,
                 "cpu_s": run.cpu_s,
             }

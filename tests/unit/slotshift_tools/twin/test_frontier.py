@@ -263,3 +263,13 @@ def test_f_safe_is_never_above_f() -> None:
             if safe_point.feasible_tok_s is not None:
                 assert all_point.feasible_tok_s is not None
                 assert safe_point.feasible_tok_s <= all_point.feasible_tok_s
+
+
+def test_schedules_that_guard_the_shares_never_cut_a_backlogged_tenant_below_its_share() -> None:
+    for scenario in ("tiny", "closed-lender"):
+        runs = list(_candidates(scenario))
+        guarded = [r for r in runs if r.schedule.guards_shares]
+        assert len(guarded) > 1
+        assert all(r.share_shortfall_slots == 0 for r in guarded)
+        assert any(r.share_shortfall_slots > 0 for r in runs if not r.schedule.guards_shares)
+        assert all(r.schedule.guards_shares for r in lender_safe_runs(runs))
