@@ -19,7 +19,11 @@ from controlplane.store.base import HistoryQuery, StoreError
 from controlplane.store.sqlite import SqliteStateStore
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, StateStoreConfig, TenantConfig
-from slotshift.keys import key_digest
+from slotshift.keys import KeyDigester
+
+DIGESTER = KeyDigester.keyed("test-key-digest-secret-of-32-bytes")
+"""The deployment's digester in these tests (keyed, as shipped configs are)."""
+
 
 FILE = PoolConfig(
     name="p",
@@ -49,6 +53,7 @@ def _runtime(file: PoolConfig, clock: ManualClock) -> PoolRuntime:
         gateway_lease_ttl_s=1.0,
         telemetry_stale_after_s=5.0,
         decision_log_size=16,
+        key_digester=DIGESTER,
     )
     return PoolRuntime(state, clock=clock, reconcile_min_interval_s=0.0)
 
@@ -64,6 +69,7 @@ async def _keeper(
         runtimes={"p": runtime},
         clock=clock,
         decision_log_size=16,
+        key_digester=DIGESTER,
     )
     await store.open()
     await keeper.restore()
@@ -80,8 +86,9 @@ async def test_a_second_run_continues_where_the_first_stopped(tmp_path: Path) ->
         kind="add_tenant",
         tenant="C",
         settings={"floor_slots": 2},
-        key_digests=(key_digest("key-c"),),
-        file_fields=file_fields_of(FILE, "add_tenant", tenant="C"),
+        key_digests=(DIGESTER.digest("key-c"),),
+        key_scheme=DIGESTER.scheme,
+        file_fields=file_fields_of(FILE, "add_tenant", tenant="C", digester=DIGESTER),
     )
     await keeper.record_change(added)
     runtime.change_config(*_applied(runtime, added))
@@ -95,7 +102,7 @@ async def test_a_second_run_continues_where_the_first_stopped(tmp_path: Path) ->
     try:
         state = restored.state
         assert [t.name for t in state.pool.tenants] == ["A", "B", "C"]
-        assert state.key_digests["C"] == (key_digest("key-c"),)
+        assert state.key_digests["C"] == (DIGESTER.digest("key-c"),)
         assert state.config_version == 2
         record = restored.loop.decide_once()
         assert record.id == last_id + 1
@@ -126,7 +133,9 @@ async def test_a_change_the_file_overtook_is_dropped_and_marked(tmp_path: Path) 
             kind="update_tenant",
             tenant="A",
             settings={"floor_slots": 6},
-            file_fields=file_fields_of(FILE, "update_tenant", tenant="A", settings=["floor_slots"]),
+            file_fields=file_fields_of(
+                FILE, "update_tenant", tenant="A", settings=["floor_slots"], digester=DIGESTER
+            ),
         )
     )
     await keeper.close()
