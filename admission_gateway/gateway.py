@@ -279,8 +279,9 @@ class AdmissionGateway:
 
     def _use_tenants(self, pool: PoolConfig, tenants: Mapping[str, tuple[bytes, ...]]) -> None:
         """Authenticate exactly the tenants the control plane runs in the fronted pools (the
-        admin API adds and removes them): with the digests it sent for `pool` and what it sent
-        for the others, and with the keys our own config gives them."""
+        admin API adds and removes them) by exactly the keys it sent (the admin API adds and
+        revokes keys, a config key among them): the digests it sent for `pool` and what it sent
+        for the others; a pool whose directory has not come yet, by our own config's keys."""
         directories = {**self._directories, pool.name: tenants}
         digests = [
             (digest, tenant)
@@ -288,16 +289,17 @@ class AdmissionGateway:
             for tenant, ds in directory.items()
             for digest in ds
         ]
-        # A pool whose directory has not come yet runs the tenants of our config.
-        running = {tenant for directory in directories.values() for tenant in directory} | {
-            t.name for p in self._pools if p.name not in directories for t in p.tenants
-        }
+        # A pool whose directory has not come yet runs the tenants of our config, with their
+        # keys; once it has, the control plane's digests alone say who is who (a revoked
+        # config key must stop working).
         digester = self._authenticator.digester
+        directed = {tenant for directory in directories.values() for tenant in directory}
         digests += [
             (digester.digest(reveal(key)), t.name)
             for fronted in self._pools
+            if fronted.name not in directories
             for t in fronted.tenants
-            if t.name in running
+            if t.name not in directed
             for key in t.api_keys
         ]
         try:
