@@ -1,9 +1,11 @@
 """Who is calling: the tenant behind an `Authorization: Bearer KEY` header.
 
 The tenant comes from the key alone, never from anything else the client sends. Keys are compared
-in constant time: the presented key and every configured key are hashed to the same length and
-every configured key is compared, whichever matches, so that timing reveals neither a key's length
-nor which key matched. Keys never appear in messages or logs.
+in constant time: the presented key and every configured key are digested to the same length (by
+the deployment's KeyDigester, slotshift/keys.py: HMAC-SHA-256 under its key-digest secret, the
+digests the control plane pushes) and every configured key is compared, whichever matches, so
+that timing reveals neither a key's length nor which key matched. Keys never appear in messages
+or logs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hmac
 from collections.abc import Iterable
 
 from slotshift.config import PoolConfig, reveal
-from slotshift.keys import MalformedBearer, MissingBearer, bearer_token, key_digest
+from slotshift.keys import KeyDigester, MalformedBearer, MissingBearer, bearer_token
 
 
 class AuthenticationError(Exception):
@@ -25,20 +27,23 @@ class AuthenticationError(Exception):
 
 
 class Authenticator:
-    """Maps API keys to tenants."""
+    """Maps API keys to tenants, digested by `digester`."""
 
-    def __init__(self, keys: Iterable[tuple[str, str]]) -> None:
+    def __init__(self, keys: Iterable[tuple[str, str]], *, digester: KeyDigester) -> None:
         """keys: (api key, tenant) pairs. A key given to two tenants is a configuration error."""
+        self.digester = digester
+        """How presented keys are digested: as the control plane digested those it pushes."""
         pairs = []
         for key, tenant in keys:
             if not key:
                 raise ValueError(f"tenant {tenant}: an API key must not be empty")
-            pairs.append((key_digest(key), tenant))
+            pairs.append((digester.digest(key), tenant))
         self._entries = _entries(pairs)
 
     def replace_digests(self, digests: Iterable[tuple[bytes, str]]) -> None:
-        """Authenticate exactly these (SHA-256 of an API key, tenant) pairs from now on (the
-        tenants the control plane pushes); ValueError, and no change, if two tenants share one."""
+        """Authenticate exactly these (digest of an API key by `digester`, tenant) pairs from
+        now on (the tenants the control plane pushes); ValueError, and no change, if two tenants
+        share one."""
         self._entries = _entries(digests)
 
     @property
@@ -47,13 +52,16 @@ class Authenticator:
         return {tenant for _, tenant in self._entries}
 
     @classmethod
-    def for_pool(cls, pool: PoolConfig) -> Authenticator:
+    def for_pool(cls, pool: PoolConfig, *, digester: KeyDigester) -> Authenticator:
         """The keys of every tenant of `pool`."""
-        return cls((reveal(key), tenant.name) for tenant in pool.tenants for key in tenant.api_keys)
+        return cls(
+            ((reveal(key), tenant.name) for tenant in pool.tenants for key in tenant.api_keys),
+            digester=digester,
+        )
 
     def tenant_for(self, authorization: str | None) -> str:
         """The tenant named by an Authorization header's value; AuthenticationError otherwise."""
-        presented = key_digest(_presented_key(authorization))
+        presented = self.digester.digest(_presented_key(authorization))
         matched: str | None = None
         for digest, tenant in self._entries:
             # Compare against every key, even after a match, so that the time taken does not

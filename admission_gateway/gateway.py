@@ -42,11 +42,12 @@ from slotshift.config import (
     PoolConfig,
     RequestLogConfig,
     SlotshiftConfig,
+    key_digester,
     read_secret_text,
     read_secret_tokens,
     reveal,
 )
-from slotshift.keys import bearer_matches, key_digest
+from slotshift.keys import bearer_matches
 from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
 from slotshift.request_log import RequestLogWriter, SessionHasher, session_key_from_text
 from slotshift.tls import (
@@ -100,11 +101,15 @@ class AdmissionGateway:
         self.state = self.states[self._pools[0].name]
         """The first pool's state (the only one of a gateway fronting one pool)."""
         self.metrics = GatewayMetrics(*self.states.values())
+        self._keyed_by = config.tenant_keys
         self._authenticator = Authenticator(
-            (reveal(key), tenant.name)
-            for pool in self._pools
-            for tenant in pool.tenants
-            for key in tenant.api_keys
+            (
+                (reveal(key), tenant.name)
+                for pool in self._pools
+                for tenant in pool.tenants
+                for key in tenant.api_keys
+            ),
+            digester=key_digester(config.tenant_keys),
         )
         self._directories: dict[str, Mapping[str, tuple[bytes, ...]]] = {}
         """pool -> the tenants the control plane runs there, with their key digests."""
@@ -160,6 +165,13 @@ class AdmissionGateway:
 
     async def start(self) -> None:
         """Bind the HTTP server, open the upstream session and start the control stream."""
+        if not self._authenticator.digester.is_keyed:
+            logger.warning(
+                "tenants' API keys are digested unkeyed (SHA-256): %s",
+                "tenant_keys.unkeyed_key_digests is set"
+                if self._keyed_by.unkeyed_key_digests
+                else "this config, built in code, sets no key-digest secret",
+            )
         ssl_context, security, engine_ssl = await asyncio.to_thread(self._load_tls)
         token_file = self._settings.metrics_token_file
         if token_file is not None:
@@ -267,8 +279,9 @@ class AdmissionGateway:
 
     def _use_tenants(self, pool: PoolConfig, tenants: Mapping[str, tuple[bytes, ...]]) -> None:
         """Authenticate exactly the tenants the control plane runs in the fronted pools (the
-        admin API adds and removes them): with the digests it sent for `pool` and what it sent
-        for the others, and with the keys our own config gives them."""
+        admin API adds and removes them) by exactly the keys it sent (the admin API adds and
+        revokes keys, a config key among them): the digests it sent for `pool` and what it sent
+        for the others; a pool whose directory has not come yet, by our own config's keys."""
         directories = {**self._directories, pool.name: tenants}
         digests = [
             (digest, tenant)
@@ -276,15 +289,17 @@ class AdmissionGateway:
             for tenant, ds in directory.items()
             for digest in ds
         ]
-        # A pool whose directory has not come yet runs the tenants of our config.
-        running = {tenant for directory in directories.values() for tenant in directory} | {
-            t.name for p in self._pools if p.name not in directories for t in p.tenants
-        }
+        # A pool whose directory has not come yet runs the tenants of our config, with their
+        # keys; once it has, the control plane's digests alone say who is who (a revoked
+        # config key must stop working).
+        digester = self._authenticator.digester
+        directed = {tenant for directory in directories.values() for tenant in directory}
         digests += [
-            (key_digest(reveal(key)), t.name)
+            (digester.digest(reveal(key)), t.name)
             for fronted in self._pools
+            if fronted.name not in directories
             for t in fronted.tenants
-            if t.name in running
+            if t.name not in directed
             for key in t.api_keys
         ]
         try:

@@ -43,6 +43,7 @@ from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import PoolConfig
 from slotshift.demand import LatencySummary, TenantDemand
+from slotshift.keys import KeyDigester
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +75,16 @@ class PoolState:
         gateway_lease_ttl_s: float,
         telemetry_stale_after_s: float,
         decision_log_size: int,
+        key_digester: KeyDigester | None = None,
     ) -> None:
+        """key_digester: how the config's API keys are digested (tenant_keys); unkeyed by
+        default (a config built in code)."""
         self.pool = pool
         self.config_version = 1
         """1 as configured at start-up; one more with every change through the admin API."""
-        self.key_digests: dict[str, tuple[bytes, ...]] = config_key_digests(pool)
-        """tenant -> SHA-256 digests of its API keys (the keys themselves are not kept)."""
+        digester = key_digester if key_digester is not None else KeyDigester.unkeyed()
+        self.key_digests: dict[str, tuple[bytes, ...]] = config_key_digests(pool, digester)
+        """tenant -> digests of its API keys (slotshift/keys.py; the keys are not kept)."""
         self._draining: set[str] = set()
         """Removed tenants some gateway may still run requests of: their slots stay counted (with
         a target of 0) until every gateway has drained them."""
@@ -371,6 +376,17 @@ class PoolState:
         )
         self.gateways.set_directory(self.directory())
         self.reconcile(resplit=True, force_publish=True)
+        return self.config_version
+
+    def replace_key_digests(self, key_digests: Mapping[str, tuple[bytes, ...]]) -> int:
+        """The pool's tenants hold `key_digests` from now on (a key added or revoked); returns
+        the new config version. Nothing else changes: not the allocation, not the policy's
+        memory, not any gateway's limits; the gateways get the new directory with their next
+        update, which is published at once."""
+        self.key_digests = {t.name: tuple(key_digests.get(t.name, ())) for t in self.pool.tenants}
+        self.config_version += 1
+        self.gateways.set_directory(self.directory())
+        self.reconcile(force_publish=True)
         return self.config_version
 
     def _forget_figures(self, record: GatewayRecord) -> None:

@@ -4,7 +4,8 @@ to its config; the services act on a pool only through it.
 go-control-plane's roles, per pool: the decision loop and the re-grants produce allocations
 (PoolState versions them), the gateway stream service delivers them (controlplane/core/push.py
 says what each gateway's update carries and when). An admin change goes to `change_config`,
-which swaps the state's config and the loop's policy together and decides at once.
+which swaps the state's config and the loop's policy together and decides at once; a change of a
+tenant's keys alone goes to `change_keys`, which leaves the allocation as it is.
 """
 
 from __future__ import annotations
@@ -90,6 +91,14 @@ class PoolRuntime:
         self._decide_with(pool)
         logger.info("pool %s config v%d: %s", pool.name, version, what)
         return self.loop.decide_once(trigger=f"config v{version}: {what}")
+
+    def change_keys(self, key_digests: Mapping[str, tuple[bytes, ...]], what: str) -> int:
+        """Authenticate the pool's tenants by `key_digests` from now on (a key added or revoked,
+        `what` in words); returns the new config version. No decision: a key changes nobody's
+        share, and the policy keeps its memory."""
+        version = self.state.replace_key_digests(key_digests)
+        logger.info("pool %s config v%d: %s", self.name, version, what)
+        return version
 
     def restore_config(
         self, pool: PoolConfig, key_digests: Mapping[str, tuple[bytes, ...]], config_version: int

@@ -39,7 +39,7 @@ from controlplane.store.base import StateStore
 from controlplane.store.opening import store_from_config
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
-from slotshift.config import ConfigError, SlotshiftConfig, read_secret_text
+from slotshift.config import ConfigError, SlotshiftConfig, key_digester, read_secret_text
 from slotshift.keys import bearer_matches
 from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
 from slotshift.tls import load_server_credentials
@@ -97,9 +97,11 @@ class ControlPlane:
         provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
         self._tracer = provider.get_tracer("slotshift.controlplane")
         settings = config.controlplane
+        self._digester = key_digester(config.tenant_keys)
         self.pools = {
             pool.name: PoolState(
                 pool,
+                key_digester=self._digester,
                 clock=self._clock,
                 gateway_lease_ttl_s=settings.gateway_lease_ttl_s,
                 telemetry_stale_after_s=settings.telemetry_stale_after_s,
@@ -145,6 +147,13 @@ class ControlPlane:
         """Open the state store and restore the pools (nothing serves before), then serve:
         gRPC, /metrics, the decision loops. A start that fails stops what it started (the
         store closed too) and raises."""
+        if not self._digester.is_keyed:
+            logger.warning(
+                "tenants' API keys are digested unkeyed (SHA-256): %s",
+                "tenant_keys.unkeyed_key_digests is set"
+                if self.config.tenant_keys.unkeyed_key_digests
+                else "this config, built in code, sets no key-digest secret",
+            )
         keeper = await self._restore()
         try:
             await self._stand(keeper)
@@ -244,6 +253,7 @@ class ControlPlane:
             PoolAdminService(
                 self.runtimes,
                 admin_token=admin_token,
+                key_digester=self._digester,
                 record=keeper.record_change,
                 file_pools={pool.name: pool for pool in self.config.pools},
                 clock=self._clock,
@@ -303,6 +313,8 @@ class ControlPlane:
                 runtimes=self.runtimes,
                 clock=self._clock,
                 decision_log_size=settings.decision_log_size,
+                key_digester=self._digester,
+                drop_stale=self.config.tenant_keys.drop_stale_key_changes,
             )
             await keeper.restore()
         except BaseException:

@@ -4,6 +4,10 @@ At start-up (`restore`, before anything serves), per pool:
 - the stored admin changes are applied on top of the config file, in version order
   (controlplane/core/overrides.py); those the file has overtaken are dropped, logged, and marked
   dropped in the store; the pool runs at the highest config version stored;
+- stored changes whose key digests are of another scheme than the config's (a rotated
+  key-digest secret, or unkeyed digests stored before keyed ones) cannot be applied: a digest
+  is not converted without its key. The control plane refuses to start (StaleKeyDigests, each
+  change logged with what to do) unless `tenant_keys.drop_stale_key_changes` says to drop them;
 - allocation versions continue above the ceiling stored by the last run, and a new ceiling is
   stored before any version is published (`VERSION_LEASE`);
 - decision ids continue above the highest stored, and the decision log hands every entry to
@@ -30,6 +34,7 @@ from controlplane.runtime import PoolRuntime
 from controlplane.store.base import HistoryQuery, StateStore, StoreError
 from slotshift.clock import Clock
 from slotshift.config import PoolConfig, StateStoreConfig
+from slotshift.keys import KeyDigester
 
 logger = logging.getLogger(__name__)
 
@@ -55,10 +60,18 @@ CLOSE_FLUSH_TIMEOUT_S = 5.0
 """How long a stopping control plane tries to write its last decisions."""
 
 
+class StaleKeyDigests(RuntimeError):
+    """Stored admin changes hold key digests of another scheme than the config's: the control
+    plane must not start and silently stop authenticating their keys. The message says what to
+    do; nothing was changed."""
+
+
 class StateKeeper:
     """Keeps the pools of `runtimes` in `store` (module docstring).
 
     file_pools: the pools as the config file says (the base the stored changes apply to).
+    key_digester: how the config's keys are digested (tenant_keys); stored changes of another
+    scheme are stale. drop_stale: drop those (logged) rather than refuse to start.
     settings: the state store's section (retention, flush interval, key frames).
     decision_log_size: the in-memory log's capacity (controlplane.decision_log_size).
     """
@@ -72,8 +85,12 @@ class StateKeeper:
         runtimes: Mapping[str, PoolRuntime],
         clock: Clock,
         decision_log_size: int,
+        key_digester: KeyDigester,
+        drop_stale: bool = False,
     ) -> None:
         self.store = store
+        self._digester = key_digester
+        self._drop_stale = drop_stale
         self._settings = settings
         self._file_pools = file_pools
         self._runtimes = runtimes
@@ -89,7 +106,9 @@ class StateKeeper:
     async def restore(self) -> None:
         """Before the pools serve: their stored changes, versions and decision ids (module
         docstring). StoreError when the store cannot be read: a control plane that would forget
-        its changes must not start."""
+        its changes must not start; StaleKeyDigests (nothing restored) when stored changes hold
+        key digests of another scheme and drop_stale is off."""
+        await self._check_schemes()
         for name, runtime in self._runtimes.items():
             await self._restore_pool(name, runtime)
         for change in await self.store.changes():
@@ -100,10 +119,48 @@ class StateKeeper:
                     change.override.pool, change.override.config_version, reason=reason
                 )
 
+    async def _check_schemes(self) -> None:
+        """StaleKeyDigests when some pool's live stored changes are stale (module docstring)
+        and they are not to be dropped; each is logged with its scheme and what to do."""
+        stale: list[Override] = []
+        for name in self._runtimes:
+            stored = [
+                c.override for c in await self.store.changes(name) if c.dropped_reason is None
+            ]
+            stale += replay(self._file_pools[name], stored, self._digester).stale
+        if not stale or self._drop_stale:
+            return
+        for override in stale:
+            logger.error(
+                "pool %s: stored admin change v%d (%s %s) holds key digests of scheme %s, not "
+                "this config's %s: they cannot be converted without the keys",
+                override.pool,
+                override.config_version,
+                override.kind,
+                override.tenant,
+                override.key_scheme,
+                self._digester.scheme,
+            )
+        raise StaleKeyDigests(
+            f"{len(stale)} stored admin changes hold key digests of another scheme than "
+            f"{self._digester.scheme} (logged above): start with the key-digest secret they were "
+            "made under (tenant_keys.key_digest_secret_file; or tenant_keys.unkeyed_key_digests "
+            "for unkeyed ones), or set tenant_keys.drop_stale_key_changes: true for one start to "
+            "drop them and then add their keys again through the admin API (AddTenant, AddKey; "
+            'docs/operations.md, "API keys")'
+        )
+
     async def _restore_pool(self, name: str, runtime: PoolRuntime) -> None:
         counters = await self.store.counters(name)
         stored = [c.override for c in await self.store.changes(name) if c.dropped_reason is None]
-        result = replay(self._file_pools[name], stored)
+        result = replay(self._file_pools[name], stored, self._digester)
+        for override in result.stale:
+            reason = (
+                f"its key digests are of scheme {override.key_scheme}, the config's "
+                f"{self._digester.scheme} (tenant_keys.drop_stale_key_changes)"
+            )
+            logger.warning(_dropped_message(override, reason))
+            await self.store.drop_change(name, override.config_version, reason=reason)
         for dropped in result.dropped:
             logger.warning(_dropped_message(dropped.override, dropped.reason))
             await self.store.drop_change(

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import logging
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -123,6 +124,23 @@ def write_config(
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(header + yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+
+
+KEY_DIGEST_SECRET_NAME = "key-digest-secret"
+"""The file of the key-digest secret a tool's own stack generates, beside its config."""
+
+
+def generated_tenant_keys(folder: Path) -> dict[str, str]:
+    """The tenant_keys section of a stack a tool generates the config of (the bench, the scale
+    bench): its key-digest secret in `folder`/KEY_DIGEST_SECRET_NAME, made random (owner-only)
+    the first time and kept after, as the other files the tool generates there. Blocks."""
+    path = folder / KEY_DIGEST_SECRET_NAME
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            out.write(secrets.token_hex(32) + "\n")
+    return {"key_digest_secret_file": str(path.absolute())}
 
 
 RESTART_INITIAL_S = 0.5

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests: waiting on conditions, free ports."""
+"""Helpers shared by the tests: waiting on conditions, free ports, the tests' key-digest secret."""
 
 from __future__ import annotations
 
@@ -49,3 +49,11 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+TEST_KEY_DIGEST_SECRET = "slotshift-tests-key-digest-secret-0123456789abcdef"
+"""The key-digest secret of the tests' configs (tenant_keys.key_digest_secret): keyed digests,
+as every shipped config has them."""
+
+TEST_TENANT_KEYS: dict[str, str] = {"key_digest_secret": TEST_KEY_DIGEST_SECRET}
+"""The tenant_keys section of a config document (or --set) with the tests' secret inline."""

@@ -7,7 +7,9 @@ raises ConfigChangeError naming the field at fault; the pool passed in is never 
 are immutable).
 
 Tenants' API keys are not part of the configs built here: the control plane keeps only their
-SHA-256 digests (`slotshift.keys.key_digest`), which it hands to the gateways.
+digests (`slotshift.keys.KeyDigester`: HMAC-SHA-256 under the deployment's secret), which it
+hands to the gateways. A key identifies one tenant in the whole fleet; a tenant holds at least
+one key unless a revocation says otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from slotshift.config import PoolConfig, reveal, revealed
-from slotshift.keys import key_digest
+from slotshift.keys import KeyDigester
 
 TENANT_SETTINGS = (
     "floor_slots",
@@ -51,30 +53,88 @@ class UnknownTenantError(LookupError):
         super().__init__(f"tenant: no tenant {tenant!r} in pool {pool.name!r} (known: {known})")
 
 
-def config_key_digests(pool: PoolConfig) -> dict[str, tuple[bytes, ...]]:
-    """tenant -> digests of the API keys its config gives it."""
-    return {t.name: tuple(key_digest(reveal(k)) for k in t.api_keys) for t in pool.tenants}
+class KeyExistsError(ValueError):
+    """The key to add identifies its tenant already (ALREADY_EXISTS at the admin API)."""
+
+
+class UnknownKeyError(LookupError):
+    """The key to revoke is not one of the tenant's (NOT_FOUND at the admin API)."""
+
+
+class LastKeyError(ConfigChangeError):
+    """The revocation would leave the tenant without a key, and its caller did not allow that
+    (FAILED_PRECONDITION at the admin API)."""
+
+
+def config_key_digests(pool: PoolConfig, digester: KeyDigester) -> dict[str, tuple[bytes, ...]]:
+    """tenant -> digests (by `digester`) of the API keys its config gives it."""
+    return {t.name: tuple(digester.digest(reveal(k)) for k in t.api_keys) for t in pool.tenants}
+
+
+def check_key(key: str, *, field: str = "tenant.api_keys") -> None:
+    """ConfigChangeError (naming `field`) if `key` is empty or holds white space: a key goes in
+    `Authorization: Bearer KEY`, which the gateways split on white space."""
+    if not key or any(c.isspace() for c in key):
+        raise ConfigChangeError(field, "a key must be non-empty, without whitespace")
 
 
 def check_new_keys(
-    tenant: str, keys: Iterable[str], digests: Mapping[str, Iterable[bytes]]
+    tenant: str,
+    keys: Iterable[str],
+    digests: Mapping[str, Iterable[bytes]],
+    digester: KeyDigester,
 ) -> tuple[bytes, ...]:
-    """The digests of a new tenant's keys; ConfigChangeError if there is none, one is empty or
-    malformed, or one already identifies another tenant (`digests`: tenant -> its digests)."""
+    """The digests (by `digester`) of a new tenant's keys; ConfigChangeError if there is none,
+    one is empty or malformed, or one already identifies another tenant (`digests`: tenant ->
+    its digests)."""
     keys = list(keys)
     if not keys:
         raise ConfigChangeError("tenant.api_keys", "at least one key is needed to authenticate")
     for key in keys:
-        # A key goes in `Authorization: Bearer KEY`, which the gateways split on whitespace.
-        if not key or any(c.isspace() for c in key):
-            raise ConfigChangeError(
-                "tenant.api_keys", "a key must be non-empty, without whitespace"
-            )
-    new = tuple(key_digest(key) for key in keys)
+        check_key(key)
+    new = tuple(digester.digest(key) for key in keys)
     taken = {d for other, ds in digests.items() if other != tenant for d in ds}
     if taken.intersection(new):
         raise ConfigChangeError("tenant.api_keys", "a key already identifies another tenant")
     return tuple(dict.fromkeys(new))
+
+
+def with_key_added(
+    tenant: str, digest: bytes, digests: Mapping[str, tuple[bytes, ...]]
+) -> dict[str, tuple[bytes, ...]]:
+    """`digests` (tenant -> its key digests, every tenant of a pool) with `digest` added to
+    `tenant`'s, last. KeyError if the pool has no such tenant; KeyExistsError if the tenant holds
+    the key already; ConfigChangeError (`api_key`) if it identifies another tenant."""
+    held = digests[tenant]
+    if digest in held:
+        raise KeyExistsError(f"api_key: the key identifies tenant {tenant} already")
+    if any(digest in ds for other, ds in digests.items() if other != tenant):
+        raise ConfigChangeError("api_key", "the key already identifies another tenant")
+    return {**digests, tenant: (*held, digest)}
+
+
+def with_key_revoked(
+    tenant: str,
+    digest: bytes,
+    digests: Mapping[str, tuple[bytes, ...]],
+    *,
+    allow_no_key: bool,
+) -> dict[str, tuple[bytes, ...]]:
+    """`digests` without `digest` among `tenant`'s. KeyError if the pool has no such tenant;
+    UnknownKeyError if the tenant does not hold the key; LastKeyError if it is the tenant's last
+    and not `allow_no_key` (a tenant without a key stays in the pool, its settings and share
+    with it, but no request authenticates as it)."""
+    held = digests[tenant]
+    if digest not in held:
+        raise UnknownKeyError(f"api_key: tenant {tenant} holds no such key")
+    kept = tuple(d for d in held if d != digest)
+    if not kept and not allow_no_key:
+        raise LastKeyError(
+            "api_key",
+            f"it is tenant {tenant}'s last key: add another first, remove the tenant, or set "
+            "allow_no_key to leave it without one",
+        )
+    return {**digests, tenant: kept}
 
 
 def check_fleet_keys(

@@ -6,7 +6,7 @@ slotshift.wire; this module converts what only the control plane has.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 from numpy.typing import NDArray
@@ -164,9 +164,13 @@ def directory_to_proto(directory: TenantDirectory) -> gateway_pb2.TenantDirector
 
 
 def pool_config_to_proto(
-    pool: PoolConfig, config_version: int, key_digests: Mapping[str, tuple[bytes, ...]]
+    pool: PoolConfig,
+    config_version: int,
+    key_digests: Mapping[str, tuple[bytes, ...]],
+    key_id: Callable[[bytes], str],
 ) -> admin_pb2.PoolConfigView:
-    """The pool's config as the admin API shows it: never a key, only how many there are."""
+    """The pool's config as the admin API shows it: never a key nor a digest, only how many
+    keys each tenant has and their ids (`key_id` of each digest, KeyDigester.key_id)."""
     return admin_pb2.PoolConfigView(
         pool=pool.name,
         config_version=config_version,
@@ -184,6 +188,7 @@ def pool_config_to_proto(
                 ttft_slo_ms=t.ttft_slo_ms,
                 e2e_slo_ms=t.e2e_slo_ms,
                 api_key_count=len(key_digests.get(t.name, ())),
+                api_key_ids=[key_id(d) for d in key_digests.get(t.name, ())],
             )
             for t in pool.tenants
         ],

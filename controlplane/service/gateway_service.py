@@ -203,7 +203,8 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             # meanwhile replaces it (and may be urgent: then it goes at once). The same
             # allocation comes again when requests start to queue at the gateway
             # (PoolState._queue_started): what was held may be waited for now.
-            if push.columns is not None and push.columns.size == 0:
+            # A new directory (a key added or revoked) goes out even with no limit moved.
+            if push.columns is not None and push.columns.size == 0 and session.directory is None:
                 continue
             while not push.urgent and self._clock.monotonic() < next_slot_s:
                 await mailbox.wait_ready(next_slot_s - self._clock.monotonic())
@@ -214,7 +215,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 if newer is not None and newer_target is not None:
                     delivery, target = newer, newer_target
                     push = next_push(pushed, target, _waiting(state, session.gateway_id, target))
-            if push.columns is not None and push.columns.size == 0:
+            if push.columns is not None and push.columns.size == 0 and session.directory is None:
                 continue  # nothing new for this gateway (an update looked at again)
             directory, session.directory = session.directory, None
             if directory is not None:

@@ -1,5 +1,8 @@
 """The rows' JSON bodies: overrides and logged decisions, to text and back.
 
+An override's body names the scheme of the key digests it holds (`key_scheme`); a body written
+before keyed digests names none, and decodes as unkeyed (`sha256`).
+
 A tenant's load is a flat list (14 figures) rather than an object: a key frame of a pool of
 10,000 tenants holds 10,000 of them.
 """
@@ -13,6 +16,7 @@ from controlplane.core.overrides import Override
 from controlplane.core.snapshot import TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord, LoggedDecision
 from slotshift.demand import LatencySummary
+from slotshift.keys import UNKEYED_SCHEME
 
 
 class CodecError(ValueError):
@@ -30,6 +34,8 @@ def encode_override(override: Override) -> str:
             "clear": list(override.clear),
             "policy": override.policy,
             "key_digests": [d.hex() for d in override.key_digests],
+            "key_scheme": override.key_scheme,
+            "allow_no_key": override.allow_no_key,
             "file_fields": dict(override.file_fields),
             "stored_at_wall_s": override.stored_at_wall_s,
         },
@@ -49,6 +55,9 @@ def decode_override(text: str) -> Override:
             clear=tuple(data["clear"]),
             policy=data["policy"],
             key_digests=tuple(bytes.fromhex(d) for d in data["key_digests"]),
+            # Rows written before keyed digests name no scheme: theirs was unkeyed SHA-256.
+            key_scheme=str(data.get("key_scheme", UNKEYED_SCHEME)),
+            allow_no_key=bool(data.get("allow_no_key", False)),
             file_fields=dict(data["file_fields"]),
             stored_at_wall_s=float(data["stored_at_wall_s"]),
         )

@@ -9,8 +9,8 @@ One module per concern; everything public is imported from here (`from slotshift
 PoolConfig`):
 - base: the model base, ConfigError, the shared field types;
 - tls: the TLS sections; pools: a pool and its tenants; policies: the policies' names and
-  settings; preemption: pausing borrowed work; services: the control plane's, the gateways' and
-  the telemetry agent's sections; state_store: the control plane's state store; emulator: the vLLM emulator's; local_stack: `slotshift up`'s;
+  settings; preemption: pausing borrowed work; tenant_keys: the key-digest secret; services: the
+  control plane's, the gateways' and the telemetry agent's sections; state_store: the control plane's state store; emulator: the vLLM emulator's; local_stack: `slotshift up`'s;
   document: the whole file;
 - loading: the YAML file and its validation; overrides: `--set a.b=c`;
 - paths: the one rule for file paths (a `_file` field is relative to the config file's folder);
@@ -43,6 +43,7 @@ from slotshift.config.services import (
     RequestLogConfig,
 )
 from slotshift.config.state_store import StateStoreConfig
+from slotshift.config.tenant_keys import TenantKeysConfig, key_digester
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
 __all__ = [
@@ -67,7 +68,9 @@ __all__ = [
     "SlotshiftConfig",
     "StateStoreConfig",
     "TenantConfig",
+    "TenantKeysConfig",
     "apply_overrides",
+    "key_digester",
     "load_config",
     "parse_config",
     "parse_overrides",

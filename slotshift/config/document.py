@@ -10,6 +10,7 @@ from slotshift.config.local_stack import LocalStackConfig
 from slotshift.config.pools import PoolConfig
 from slotshift.config.secrets import reveal
 from slotshift.config.services import AgentConfig, ControlPlaneConfig, GatewayConfig
+from slotshift.config.tenant_keys import TenantKeysConfig
 
 
 class SlotshiftConfig(ConfigModel):
@@ -17,6 +18,9 @@ class SlotshiftConfig(ConfigModel):
 
     pools: list[PoolConfig]
     """The pools the control plane manages."""
+
+    tenant_keys: TenantKeysConfig = TenantKeysConfig()
+    """How the tenants' API keys are digested (the control plane's and the gateways')."""
 
     controlplane: ControlPlaneConfig = ControlPlaneConfig()
     gateway: GatewayConfig = GatewayConfig()

@@ -1,5 +1,5 @@
 """Reading the configuration: the YAML file, its validation, and what loading adds to it (the
-files' paths made absolute, the tenants' API-key files read in)."""
+files' paths made absolute, the tenants' API-key files and the key-digest secret read in)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
 from slotshift.config.base import ConfigError
 from slotshift.config.document import SlotshiftConfig
 from slotshift.config.paths import resolve_path, with_resolved_paths
 from slotshift.config.secrets import read_secret_text, revealed
 from slotshift.config.state_store import DEFAULT_SQLITE_NAME
+from slotshift.keys import MIN_SECRET_BYTES
 
 
 def validation_problems(exc: ValidationError) -> str:
@@ -34,7 +35,9 @@ def parse_config(data: Mapping[str, Any], *, source: str = "<config>") -> Slotsh
 
 def load_config(path: Path) -> SlotshiftConfig:
     """Read and validate a YAML configuration file: its `_file` paths made absolute (relative to
-    the file's folder, slotshift/config/paths.py) and the tenants' api_keys_file read in."""
+    the file's folder, slotshift/config/paths.py), the tenants' api_keys_file and the
+    key-digest secret read in. ConfigError also when the file sets no key-digest secret and does
+    not opt out (tenant_keys.unkeyed_key_digests): a deployment's keys are digested keyed."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -42,7 +45,36 @@ def load_config(path: Path) -> SlotshiftConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     config = with_resolved_paths(parse_config(data, source=str(path)), path.parent)
-    return _with_state_beside(_with_key_files(config, source=str(path)), path)
+    config = _with_digest_secret(_with_key_files(config, source=str(path)), source=str(path))
+    return _with_state_beside(config, path)
+
+
+def _with_digest_secret(config: SlotshiftConfig, *, source: str) -> SlotshiftConfig:
+    """The key-digest secret read in from its file (its first line, stripped); ConfigError
+    when the file is unset without the opt-out, unreadable, or holds too short a secret."""
+    settings = config.tenant_keys
+    path = settings.key_digest_secret_file
+    if path is None:
+        if settings.unkeyed_key_digests or settings.key_digest_secret is not None:
+            return config
+        raise ConfigError(
+            f"{source}: tenant_keys.key_digest_secret_file: unset. The tenants' API keys are "
+            "kept and pushed as HMAC-SHA-256 digests under a deployment secret: write one to a "
+            "file (`openssl rand -hex 32 > key-digest-secret`), shared by the control plane "
+            "and every gateway, and point tenant_keys.key_digest_secret_file at it; or set "
+            "tenant_keys.unkeyed_key_digests: true to keep unkeyed SHA-256 digests (not "
+            'recommended: docs/operations.md, "API keys")'
+        )
+    field = f"{source}: tenant_keys.key_digest_secret_file"
+    lines = read_secret_text(path, field=field).splitlines()
+    secret = lines[0].strip() if lines else ""
+    if len(secret.encode("utf-8", "surrogatepass")) < MIN_SECRET_BYTES:
+        raise ConfigError(
+            f"{field}: {path} holds no secret of at least {MIN_SECRET_BYTES} bytes on its first "
+            "line (`openssl rand -hex 32` makes one)"
+        )
+    keys = settings.model_copy(update={"key_digest_secret": SecretStr(secret)})
+    return config.model_copy(update={"tenant_keys": keys})
 
 
 def _with_state_beside(config: SlotshiftConfig, path: Path) -> SlotshiftConfig:

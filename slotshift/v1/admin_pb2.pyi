@@ -234,6 +234,7 @@ class TenantConfigView(_message.Message):
     TTFT_SLO_MS_FIELD_NUMBER: _builtins.int
     E2E_SLO_MS_FIELD_NUMBER: _builtins.int
     API_KEY_COUNT_FIELD_NUMBER: _builtins.int
+    API_KEY_IDS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     floor_slots: _builtins.int
     ceiling_slots: _builtins.int
@@ -244,6 +245,12 @@ class TenantConfigView(_message.Message):
     e2e_slo_ms: _builtins.float
     api_key_count: _builtins.int
     """How many API keys identify it (the keys themselves are never returned)."""
+    @_builtins.property
+    def api_key_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The ids of its keys (8 hex chars each, in the order they were given): short names that
+        tell its keys apart and that RevokeKey takes, which reveal neither a key nor its digest.
+        """
+
     def __init__(
         self,
         *,
@@ -256,10 +263,11 @@ class TenantConfigView(_message.Message):
         ttft_slo_ms: _builtins.float | None = ...,
         e2e_slo_ms: _builtins.float | None = ...,
         api_key_count: _builtins.int = ...,
+        api_key_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_borrowing_limit_percent", b"_borrowing_limit_percent", "_ceiling_slots", b"_ceiling_slots", "_e2e_slo_ms", b"_e2e_slo_ms", "_ttft_slo_ms", b"_ttft_slo_ms", "borrowing_limit_percent", b"borrowing_limit_percent", "ceiling_slots", b"ceiling_slots", "e2e_slo_ms", b"e2e_slo_ms", "ttft_slo_ms", b"ttft_slo_ms"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_borrowing_limit_percent", b"_borrowing_limit_percent", "_ceiling_slots", b"_ceiling_slots", "_e2e_slo_ms", b"_e2e_slo_ms", "_ttft_slo_ms", b"_ttft_slo_ms", "api_key_count", b"api_key_count", "borrowing_limit_percent", b"borrowing_limit_percent", "ceiling_slots", b"ceiling_slots", "e2e_slo_ms", b"e2e_slo_ms", "floor_slots", b"floor_slots", "lendable_percent", b"lendable_percent", "name", b"name", "ttft_slo_ms", b"ttft_slo_ms", "weight", b"weight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_borrowing_limit_percent", b"_borrowing_limit_percent", "_ceiling_slots", b"_ceiling_slots", "_e2e_slo_ms", b"_e2e_slo_ms", "_ttft_slo_ms", b"_ttft_slo_ms", "api_key_count", b"api_key_count", "api_key_ids", b"api_key_ids", "borrowing_limit_percent", b"borrowing_limit_percent", "ceiling_slots", b"ceiling_slots", "e2e_slo_ms", b"e2e_slo_ms", "floor_slots", b"floor_slots", "lendable_percent", b"lendable_percent", "name", b"name", "ttft_slo_ms", b"ttft_slo_ms", "weight", b"weight"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__borrowing_limit_percent: _TypeAlias = _typing.Literal["borrowing_limit_percent"]  # noqa: Y015
     _WhichOneofArgType__borrowing_limit_percent: _TypeAlias = _typing.Literal["_borrowing_limit_percent", b"_borrowing_limit_percent"]  # noqa: Y015
@@ -345,3 +353,90 @@ class ConfigChangeResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConfigChangeResponse: _TypeAlias = ConfigChangeResponse  # noqa: Y015
+
+@_typing.final
+class AddKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    API_KEY_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    """The tenant, by name (every pool it is in gets the key)."""
+    api_key: _builtins.str
+    """The new key (`Authorization: Bearer KEY`). The control plane keeps only its digest; no RPC
+    ever returns it.
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        api_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AddKeyRequest: _TypeAlias = AddKeyRequest  # noqa: Y015
+
+@_typing.final
+class RevokeKeyRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    API_KEY_FIELD_NUMBER: _builtins.int
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    ALLOW_NO_KEY_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    api_key: _builtins.str
+    key_id: _builtins.str
+    allow_no_key: _builtins.bool
+    """Revoke even the tenant's last key: it then stays in its pools, with its settings and its
+    share, but no request authenticates as it until a key is added.
+    """
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        api_key: _builtins.str = ...,
+        key_id: _builtins.str = ...,
+        allow_no_key: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["api_key", b"api_key", "key", b"key", "key_id", b"key_id"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow_no_key", b"allow_no_key", "api_key", b"api_key", "key", b"key", "key_id", b"key_id", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_key: _TypeAlias = _typing.Literal["api_key", "key_id"]  # noqa: Y015
+    _WhichOneofArgType_key: _TypeAlias = _typing.Literal["key", b"key"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_key) -> _WhichOneofReturnType_key | None: ...
+
+Global___RevokeKeyRequest: _TypeAlias = RevokeKeyRequest  # noqa: Y015
+
+@_typing.final
+class KeyChangeResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KEY_ID_FIELD_NUMBER: _builtins.int
+    CONFIGS_FIELD_NUMBER: _builtins.int
+    key_id: _builtins.str
+    """The id of the key added or revoked."""
+    @_builtins.property
+    def configs(self) -> _containers.RepeatedCompositeFieldContainer[Global___PoolConfigView]:
+        """The config of each pool the tenant is in, after the change (its config version is one
+        more in each pool that changed).
+        """
+
+    def __init__(
+        self,
+        *,
+        key_id: _builtins.str = ...,
+        configs: _abc.Iterable[Global___PoolConfigView] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["configs", b"configs", "key_id", b"key_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___KeyChangeResponse: _TypeAlias = KeyChangeResponse  # noqa: Y015

@@ -70,6 +70,16 @@ class AdminServiceStub:
                 request_serializer=slotshift_dot_v1_dot_admin__pb2.GetPoolConfigRequest.SerializeToString,
                 response_deserializer=slotshift_dot_v1_dot_admin__pb2.PoolConfigView.FromString,
                 _registered_method=True)
+        self.AddKey = channel.unary_unary(
+                '/slotshift.v1.AdminService/AddKey',
+                request_serializer=slotshift_dot_v1_dot_admin__pb2.AddKeyRequest.SerializeToString,
+                response_deserializer=slotshift_dot_v1_dot_admin__pb2.KeyChangeResponse.FromString,
+                _registered_method=True)
+        self.RevokeKey = channel.unary_unary(
+                '/slotshift.v1.AdminService/RevokeKey',
+                request_serializer=slotshift_dot_v1_dot_admin__pb2.RevokeKeyRequest.SerializeToString,
+                response_deserializer=slotshift_dot_v1_dot_admin__pb2.KeyChangeResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -122,6 +132,28 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddKey(self, request, context):
+        """Adds an API key to a tenant, in every pool it is in (a tenant has one set of keys across
+        the fleet): the gateways take it within a moment. The tenant's other keys keep working;
+        its settings, its share and its running requests are untouched (no decision is made).
+        INVALID_ARGUMENT for an empty key, or one with white space, or one that identifies another
+        tenant; NOT_FOUND for an unknown tenant; ALREADY_EXISTS when the tenant holds it already
+        in every pool it is in (a retried call: pools where it holds the key are left as they are).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeKey(self, request, context):
+        """Revokes one of a tenant's API keys, in every pool it is in: the gateways refuse it (401)
+        within a moment; the tenant's other keys keep working, its settings and share are
+        untouched. NOT_FOUND for an unknown tenant, or a key (or key id) it holds in no pool;
+        FAILED_PRECONDITION when it is the tenant's last key and allow_no_key is not set.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +181,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.GetPoolConfig,
                     request_deserializer=slotshift_dot_v1_dot_admin__pb2.GetPoolConfigRequest.FromString,
                     response_serializer=slotshift_dot_v1_dot_admin__pb2.PoolConfigView.SerializeToString,
+            ),
+            'AddKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddKey,
+                    request_deserializer=slotshift_dot_v1_dot_admin__pb2.AddKeyRequest.FromString,
+                    response_serializer=slotshift_dot_v1_dot_admin__pb2.KeyChangeResponse.SerializeToString,
+            ),
+            'RevokeKey': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeKey,
+                    request_deserializer=slotshift_dot_v1_dot_admin__pb2.RevokeKeyRequest.FromString,
+                    response_serializer=slotshift_dot_v1_dot_admin__pb2.KeyChangeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -297,6 +339,60 @@ class AdminService:
             '/slotshift.v1.AdminService/GetPoolConfig',
             slotshift_dot_v1_dot_admin__pb2.GetPoolConfigRequest.SerializeToString,
             slotshift_dot_v1_dot_admin__pb2.PoolConfigView.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/slotshift.v1.AdminService/AddKey',
+            slotshift_dot_v1_dot_admin__pb2.AddKeyRequest.SerializeToString,
+            slotshift_dot_v1_dot_admin__pb2.KeyChangeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeKey(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/slotshift.v1.AdminService/RevokeKey',
+            slotshift_dot_v1_dot_admin__pb2.RevokeKeyRequest.SerializeToString,
+            slotshift_dot_v1_dot_admin__pb2.KeyChangeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,20 @@ class AdminServiceStub:
     """Changes the pool's allocation policy; the new policy starts with no memory."""
     GetPoolConfig: _grpc.UnaryUnaryMultiCallable[_admin_pb2.GetPoolConfigRequest, _admin_pb2.PoolConfigView]
     """The pool's config as the control plane runs it now, without any API key."""
+    AddKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AddKeyRequest, _admin_pb2.KeyChangeResponse]
+    """Adds an API key to a tenant, in every pool it is in (a tenant has one set of keys across
+    the fleet): the gateways take it within a moment. The tenant's other keys keep working;
+    its settings, its share and its running requests are untouched (no decision is made).
+    INVALID_ARGUMENT for an empty key, or one with white space, or one that identifies another
+    tenant; NOT_FOUND for an unknown tenant; ALREADY_EXISTS when the tenant holds it already
+    in every pool it is in (a retried call: pools where it holds the key are left as they are).
+    """
+    RevokeKey: _grpc.UnaryUnaryMultiCallable[_admin_pb2.RevokeKeyRequest, _admin_pb2.KeyChangeResponse]
+    """Revokes one of a tenant's API keys, in every pool it is in: the gateways refuse it (401)
+    within a moment; the tenant's other keys keep working, its settings and share are
+    untouched. NOT_FOUND for an unknown tenant, or a key (or key id) it holds in no pool;
+    FAILED_PRECONDITION when it is the tenant's last key and allow_no_key is not set.
+    """
 
 @_typing.type_check_only
 class AdminServiceAsyncStub(AdminServiceStub):
@@ -85,6 +99,20 @@ class AdminServiceAsyncStub(AdminServiceStub):
     """Changes the pool's allocation policy; the new policy starts with no memory."""
     GetPoolConfig: _aio.UnaryUnaryMultiCallable[_admin_pb2.GetPoolConfigRequest, _admin_pb2.PoolConfigView]  # type: ignore[assignment]
     """The pool's config as the control plane runs it now, without any API key."""
+    AddKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.AddKeyRequest, _admin_pb2.KeyChangeResponse]  # type: ignore[assignment]
+    """Adds an API key to a tenant, in every pool it is in (a tenant has one set of keys across
+    the fleet): the gateways take it within a moment. The tenant's other keys keep working;
+    its settings, its share and its running requests are untouched (no decision is made).
+    INVALID_ARGUMENT for an empty key, or one with white space, or one that identifies another
+    tenant; NOT_FOUND for an unknown tenant; ALREADY_EXISTS when the tenant holds it already
+    in every pool it is in (a retried call: pools where it holds the key are left as they are).
+    """
+    RevokeKey: _aio.UnaryUnaryMultiCallable[_admin_pb2.RevokeKeyRequest, _admin_pb2.KeyChangeResponse]  # type: ignore[assignment]
+    """Revokes one of a tenant's API keys, in every pool it is in: the gateways refuse it (401)
+    within a moment; the tenant's other keys keep working, its settings and share are
+    untouched. NOT_FOUND for an unknown tenant, or a key (or key id) it holds in no pool;
+    FAILED_PRECONDITION when it is the tenant's last key and allow_no_key is not set.
+    """
 
 class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
     """Changes a pool's tenants and policy while it runs, without a restart.
@@ -141,5 +169,31 @@ class AdminServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.PoolConfigView, _abc.Awaitable[_admin_pb2.PoolConfigView]]:
         """The pool's config as the control plane runs it now, without any API key."""
+
+    @_abc_1.abstractmethod
+    def AddKey(
+        self,
+        request: _admin_pb2.AddKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.KeyChangeResponse, _abc.Awaitable[_admin_pb2.KeyChangeResponse]]:
+        """Adds an API key to a tenant, in every pool it is in (a tenant has one set of keys across
+        the fleet): the gateways take it within a moment. The tenant's other keys keep working;
+        its settings, its share and its running requests are untouched (no decision is made).
+        INVALID_ARGUMENT for an empty key, or one with white space, or one that identifies another
+        tenant; NOT_FOUND for an unknown tenant; ALREADY_EXISTS when the tenant holds it already
+        in every pool it is in (a retried call: pools where it holds the key are left as they are).
+        """
+
+    @_abc_1.abstractmethod
+    def RevokeKey(
+        self,
+        request: _admin_pb2.RevokeKeyRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.KeyChangeResponse, _abc.Awaitable[_admin_pb2.KeyChangeResponse]]:
+        """Revokes one of a tenant's API keys, in every pool it is in: the gateways refuse it (401)
+        within a moment; the tenant's other keys keep working, its settings and share are
+        untouched. NOT_FOUND for an unknown tenant, or a key (or key id) it holds in no pool;
+        FAILED_PRECONDITION when it is the tenant's last key and allow_no_key is not set.
+        """
 
 def add_AdminServiceServicer_to_server(servicer: AdminServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -252,7 +252,10 @@ class TenantKeys(_message.Message):
     tenant: _builtins.str
     @_builtins.property
     def api_key_sha256(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
-        """SHA-256 of each API key's UTF-8 bytes."""
+        """The digest of each API key: HMAC-SHA-256 of its UTF-8 bytes under the deployment's
+        key-digest secret (tenant_keys.key_digest_secret_file; plain SHA-256 where the deployment
+        opts out). The field keeps its first name, from when digests were unkeyed.
+        """
 
     def __init__(
         self,

@@ -47,7 +47,7 @@ from slotshift.config import SlotshiftConfig, apply_overrides, parse_config, par
 from slotshift.v1 import query_pb2, query_pb2_grpc
 from slotshift.wire import from_timestamp
 from slotshift_tools.bench.summary import DISTURBED_LOOP_LAG_P99_MS
-from slotshift_tools.local_stack import grpc_serving
+from slotshift_tools.local_stack import generated_tenant_keys, grpc_serving
 from slotshift_tools.scale import procfs
 from slotshift_tools.scale.budget import check_budget
 from slotshift_tools.scale.dynamics import DemandSettings, Dynamics
@@ -356,6 +356,7 @@ async def run_point(settings: PointSettings, out_dir: Path, clock: Clock) -> dic
     `out_dir/point.json`. PointError when a process fails to start or dies."""
     grpc_port, metrics_port = _free_ports(2)
     data = controlplane_config_data(settings, grpc_port, metrics_port)
+    data["tenant_keys"] = await asyncio.to_thread(generated_tenant_keys, out_dir)
     config = effective_config(settings, data)
     pool = config.pool(POOL)
     config_path = out_dir / "slotshift.yaml"

@@ -262,6 +262,10 @@ def test_tenant_key_files_are_compose_secrets(compose: dict[str, Any], tmp_path:
                 assert key_file.parent == SECRETS_DIR, f"{name}: {key_file} is not a secret"
                 assert key_file in files, f"{name}: {key_file} is not mounted"
                 tenant["api_keys_file"] = str(files[key_file])
+        secret_file = PurePosixPath(document["tenant_keys"]["key_digest_secret_file"])
+        assert secret_file.parent == SECRETS_DIR, f"{name}: {secret_file} is not a secret"
+        assert secret_file in files, f"{name}: {secret_file} is not mounted"
+        document["tenant_keys"]["key_digest_secret_file"] = str(files[secret_file])
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(document))
 
         loaded = load_config(tmp_path / f"{name}.yaml")

@@ -359,6 +359,10 @@ def test_every_tenant_key_file_is_a_mounted_secret_key(overlay: Manifests, tmp_p
                 assert key_file in files, f"{container['name']}: {key_file} is not mounted"
                 assert _secret_behind(workload, container, key_file) in secret_names
                 tenant["api_keys_file"] = str(root / key_file.relative_to("/"))
+        secret_file = PurePosixPath(document["tenant_keys"]["key_digest_secret_file"])
+        assert secret_file in files, f"{container['name']}: {secret_file} is not mounted"
+        assert _secret_behind(workload, container, secret_file) in secret_names
+        document["tenant_keys"]["key_digest_secret_file"] = str(root / secret_file.relative_to("/"))
         (root / "config.yaml").write_text(yaml.safe_dump(document))
         args = build_parser().parse_args(expanded_args(workload, container))
         args.config = root / "config.yaml"

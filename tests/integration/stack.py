@@ -8,11 +8,14 @@ from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
+from pydantic import SecretStr
+
 from admission_gateway.gateway import AdmissionGateway
 from controlplane.server import ControlPlane
 from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig
 from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
+from tests.support import TEST_KEY_DIGEST_SECRET
 
 GATEWAYS = 3
 
@@ -28,6 +31,17 @@ class NoGpu:
 
     def close(self) -> None:
         return None
+
+
+def keyed(config: SlotshiftConfig) -> SlotshiftConfig:
+    """`config` with the tests' key-digest secret where it sets none and does not opt out: the
+    stacks digest keys keyed, as every shipped config does."""
+    settings = config.tenant_keys
+    if settings.key_digest_secret is not None or settings.unkeyed_key_digests:
+        return config
+    secret = SecretStr(TEST_KEY_DIGEST_SECRET)
+    tenant_keys = settings.model_copy(update={"key_digest_secret": secret})
+    return config.model_copy(update={"tenant_keys": tenant_keys})
 
 
 @dataclass
@@ -49,10 +63,10 @@ async def start_stack(
     engine = EngineSim(config("http://127.0.0.1:1", 0).engine_sim)
     await engine.start()
     exits.push_async_callback(engine.stop)
-    control_plane = ControlPlane(config(engine.url, 0))
+    control_plane = ControlPlane(keyed(config(engine.url, 0)))
     await control_plane.start()
     exits.push_async_callback(control_plane.stop)
-    final = config(engine.url, control_plane.grpc_port)
+    final = keyed(config(engine.url, control_plane.grpc_port))
     started = []
     for index in range(gateways):
         gateway = AdmissionGateway(final, gateway_id=f"gw-{index}")
@@ -89,10 +103,10 @@ async def start_fleet(
         await engines[pool].start()
         exits.push_async_callback(engines[pool].stop)
     urls = {pool: engine.url for pool, engine in engines.items()}
-    control_plane = ControlPlane(config(urls, 0))
+    control_plane = ControlPlane(keyed(config(urls, 0)))
     await control_plane.start()
     exits.push_async_callback(control_plane.stop)
-    final = config(urls, control_plane.grpc_port)
+    final = keyed(config(urls, control_plane.grpc_port))
     started = []
     for index in range(gateways):
         gateway = AdmissionGateway(final, gateway_id=f"gw-{index}")

@@ -21,7 +21,7 @@ from controlplane.server import SERVICE_NAMES, ControlPlane
 from slotshift.config import SlotshiftConfig, load_config
 from slotshift.v1 import admin_pb2, admin_pb2_grpc, query_pb2, query_pb2_grpc
 from tests.integration.stack import start_stack
-from tests.support import wait_until
+from tests.support import TEST_KEY_DIGEST_SECRET, wait_until
 
 BUDGET = 20
 TOKEN = "test-admin-token"
@@ -41,6 +41,7 @@ class Stack:
 def _config(tmp_path: Path, engine_url: str, grpc_port: int, *, token: bool) -> SlotshiftConfig:
     """Loaded from a file, as the services load it: the token file is relative to it."""
     (tmp_path / "admin-token").write_text(f"{TOKEN}\n")
+    (tmp_path / "key-digest-secret").write_text(f"{TEST_KEY_DIGEST_SECRET}\n")
     token_line = "  admin_token_file: admin-token\n" if token else ""
     (tmp_path / "slotshift.yaml").write_text(
         f"""
@@ -52,6 +53,8 @@ pools:
     tenants:
       - {{name: A, api_keys: [key-a], floor_slots: 2}}
       - {{name: B, api_keys: [key-b], floor_slots: 2}}
+tenant_keys:
+  key_digest_secret_file: key-digest-secret
 controlplane:
   grpc_port: {grpc_port}
   metrics_port: 0

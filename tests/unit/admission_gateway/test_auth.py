@@ -6,9 +6,12 @@ import pytest
 
 from admission_gateway.auth import AuthenticationError, Authenticator
 from slotshift.config import PoolConfig
-from slotshift.keys import key_digest
+from slotshift.keys import KeyDigester
 
-AUTHENTICATOR = Authenticator([("key-a", "A"), ("key-a2", "A"), ("key-b", "B")])
+DIGESTER = KeyDigester.keyed("test-key-digest-secret-of-32-bytes")
+"""The deployment's digester in these tests (keyed, as shipped configs are)."""
+
+AUTHENTICATOR = Authenticator([("key-a", "A"), ("key-a2", "A"), ("key-b", "B")], digester=DIGESTER)
 
 
 @pytest.mark.parametrize(
@@ -48,12 +51,12 @@ def test_anything_else_is_refused_without_revealing_keys(header: str | None, cod
 
 def test_one_key_for_two_tenants_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match="share an API key"):
-        Authenticator([("same", "A"), ("same", "B")])
+        Authenticator([("same", "A"), ("same", "B")], digester=DIGESTER)
 
 
 def test_empty_keys_are_refused() -> None:
     with pytest.raises(ValueError, match="must not be empty"):
-        Authenticator([("", "A")])
+        Authenticator([("", "A")], digester=DIGESTER)
 
 
 def test_keys_come_from_the_pool_configuration() -> None:
@@ -67,7 +70,7 @@ def test_keys_come_from_the_pool_configuration() -> None:
             ],
         }
     )
-    authenticator = Authenticator.for_pool(pool)
+    authenticator = Authenticator.for_pool(pool, digester=DIGESTER)
     assert [authenticator.tenant_for(f"Bearer {k}") for k in ("ka1", "ka2", "kb")] == [
         "A",
         "A",
@@ -76,8 +79,10 @@ def test_keys_come_from_the_pool_configuration() -> None:
 
 
 def test_replaced_digests_decide_who_is_authenticated() -> None:
-    authenticator = Authenticator([("key-a", "A"), ("key-b", "B")])
-    authenticator.replace_digests([(key_digest("key-a"), "A"), (key_digest("key-c"), "C")])
+    authenticator = Authenticator([("key-a", "A"), ("key-b", "B")], digester=DIGESTER)
+    authenticator.replace_digests(
+        [(DIGESTER.digest("key-a"), "A"), (DIGESTER.digest("key-c"), "C")]
+    )
     assert authenticator.tenant_for("Bearer key-c") == "C"
     assert authenticator.tenant_for("Bearer key-a") == "A"
     with pytest.raises(AuthenticationError) as raised:
@@ -87,7 +92,9 @@ def test_replaced_digests_decide_who_is_authenticated() -> None:
 
 
 def test_digests_shared_by_two_tenants_change_nothing() -> None:
-    authenticator = Authenticator([("key-a", "A")])
+    authenticator = Authenticator([("key-a", "A")], digester=DIGESTER)
     with pytest.raises(ValueError, match="share an API key"):
-        authenticator.replace_digests([(key_digest("key-x"), "A"), (key_digest("key-x"), "B")])
+        authenticator.replace_digests(
+            [(DIGESTER.digest("key-x"), "A"), (DIGESTER.digest("key-x"), "B")]
+        )
     assert authenticator.tenant_for("Bearer key-a") == "A"

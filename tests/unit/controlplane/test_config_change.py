@@ -23,7 +23,11 @@ from controlplane.pool_state import PoolState
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, TenantConfig
 from slotshift.demand import TenantDemand
-from slotshift.keys import key_digest
+from slotshift.keys import KeyDigester
+
+DIGESTER = KeyDigester.keyed("test-key-digest-secret-of-32-bytes")
+"""The deployment's digester in these tests (keyed, as shipped configs are)."""
+
 
 POOL = PoolConfig(
     name="p",
@@ -97,8 +101,8 @@ def test_update_changes_only_what_it_names_and_clears() -> None:
 
 
 def test_new_keys_must_be_present_and_unique() -> None:
-    digests = config_key_digests(POOL)
-    assert check_new_keys("C", ["key-c", "key-c"], digests) == (key_digest("key-c"),)
+    digests = config_key_digests(POOL, DIGESTER)
+    assert check_new_keys("C", ["key-c", "key-c"], digests, DIGESTER) == (DIGESTER.digest("key-c"),)
     for keys, message in (
         ([], "at least one key"),
         ([""], "non-empty"),
@@ -106,7 +110,7 @@ def test_new_keys_must_be_present_and_unique() -> None:
         (["key-a"], "another tenant"),
     ):
         with pytest.raises(ConfigChangeError, match=message) as raised:
-            check_new_keys("C", keys, digests)
+            check_new_keys("C", keys, digests, DIGESTER)
         assert raised.value.field == "tenant.api_keys"
 
 
@@ -117,6 +121,7 @@ def _state(clock: ManualClock) -> PoolState:
         gateway_lease_ttl_s=6.0,
         telemetry_stale_after_s=5.0,
         decision_log_size=16,
+        key_digester=DIGESTER,
     )
     clock.advance(6.0)  # past the start-up hold
     return state
@@ -127,15 +132,15 @@ def test_replace_config_bumps_the_version_and_pushes_directory_then_allocation()
     state = _state(clock)
     session = state.connect_gateway("gw", 0, {})
     assert session.directory is not None
-    assert session.directory.tenants == config_key_digests(POOL)
+    assert session.directory.tenants == config_key_digests(POOL, DIGESTER)
     session.directory = None
     session.mailbox.take_nowait()
-    digests = {**state.key_digests, "C": (key_digest("key-c"),)}
+    digests = {**state.key_digests, "C": (DIGESTER.digest("key-c"),)}
     version = state.replace_config(add_tenant(POOL, "C", {"floor_slots": 2}), digests)
     assert version == state.config_version == 2
     assert session.directory is not None
     assert session.directory.config_version == 2
-    assert session.directory.tenants["C"] == (key_digest("key-c"),)
+    assert session.directory.tenants["C"] == (DIGESTER.digest("key-c"),)
     delivery = session.mailbox.take_nowait()
     assert delivery is not None
     assert set(delivery.allocation.gateways["gw"]) == {"A", "B", "C"}
@@ -169,10 +174,10 @@ def test_a_removed_tenants_slots_return_only_as_it_drains() -> None:
 
 
 def test_a_tenant_is_one_set_of_keys_across_the_pools() -> None:
-    fleet = {"A": [key_digest("key-a")], "B": [key_digest("key-b")]}
-    check_fleet_keys("A", [key_digest("key-a")], fleet)  # A joins a second pool, same key
-    check_fleet_keys("C", [key_digest("key-c")], fleet)  # a new tenant, a new key
+    fleet = {"A": [DIGESTER.digest("key-a")], "B": [DIGESTER.digest("key-b")]}
+    check_fleet_keys("A", [DIGESTER.digest("key-a")], fleet)  # A joins a second pool, same key
+    check_fleet_keys("C", [DIGESTER.digest("key-c")], fleet)  # a new tenant, a new key
     with pytest.raises(ConfigChangeError, match="holds other keys in another pool"):
-        check_fleet_keys("A", [key_digest("key-a2")], fleet)
+        check_fleet_keys("A", [DIGESTER.digest("key-a2")], fleet)
     with pytest.raises(ConfigChangeError, match="already identifies another tenant"):
-        check_fleet_keys("C", [key_digest("key-b")], fleet)
+        check_fleet_keys("C", [DIGESTER.digest("key-b")], fleet)

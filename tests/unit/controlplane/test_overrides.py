@@ -10,7 +10,11 @@ import pytest
 
 from controlplane.core.overrides import Override, OverrideKind, file_fields_of, replay
 from slotshift.config import PoolConfig, TenantConfig
-from slotshift.keys import key_digest
+from slotshift.keys import KeyDigester
+
+DIGESTER = KeyDigester.keyed("test-key-digest-secret-of-32-bytes")
+"""The deployment's digester in these tests (keyed, as shipped configs are)."""
+
 
 FILE = PoolConfig(
     name="p",
@@ -34,7 +38,9 @@ def _override(version: int, kind: OverrideKind, file: PoolConfig = FILE, **field
             tenant=fields.get("tenant", ""),
             settings=fields.get("settings", {}),
             clear=fields.get("clear", ()),
+            digester=DIGESTER,
         ),
+        key_scheme=DIGESTER.scheme,
         **fields,
     )
 
@@ -45,7 +51,7 @@ CHANGES = [
         "add_tenant",
         tenant="C",
         settings={"floor_slots": 2},
-        key_digests=(key_digest("key-c"),),
+        key_digests=(DIGESTER.digest("key-c"),),
     ),
     _override(3, "update_tenant", tenant="A", settings={"floor_slots": 6}),
     _override(4, "update_tenant", tenant="C", settings={"weight": 3.0}),
@@ -75,14 +81,17 @@ def _file(**changes: Any) -> PoolConfig:
 
 
 def test_an_unchanged_file_replays_every_change_in_version_order() -> None:
-    result = replay(FILE, list(reversed(CHANGES)))
+    result = replay(FILE, list(reversed(CHANGES)), DIGESTER)
     assert result.dropped == ()
     assert [o.config_version for o in result.applied] == [2, 3, 4, 5, 6]
     tenants = {t.name: t for t in result.pool.tenants}
     assert set(tenants) == {"A", "C"}
     assert (tenants["A"].floor_slots, tenants["C"].weight) == (6, 3.0)
     assert result.pool.policy == "slo"
-    assert result.key_digests == {"A": (key_digest("key-a"),), "C": (key_digest("key-c"),)}
+    assert result.key_digests == {
+        "A": (DIGESTER.digest("key-a"),),
+        "C": (DIGESTER.digest("key-c"),),
+    }
 
 
 @pytest.mark.parametrize(
@@ -129,7 +138,7 @@ def test_an_unchanged_file_replays_every_change_in_version_order() -> None:
 def test_the_file_wins_and_what_no_longer_applies_is_dropped(
     file: PoolConfig, dropped: set[int], reason: str
 ) -> None:
-    result = replay(file, CHANGES)
+    result = replay(file, CHANGES, DIGESTER)
     assert {d.override.config_version for d in result.dropped} == dropped
     first = min(result.dropped, key=lambda d: d.override.config_version)
     assert first.reason.startswith(reason), first.reason
@@ -141,4 +150,8 @@ def test_the_file_wins_and_what_no_longer_applies_is_dropped(
 
 def test_a_change_of_another_pool_is_refused() -> None:
     with pytest.raises(ValueError, match="replayed on"):
-        replay(FILE, [Override(pool="q", config_version=2, kind="set_policy", policy="slo")])
+        replay(
+            FILE,
+            [Override(pool="q", config_version=2, kind="set_policy", policy="slo")],
+            DIGESTER,
+        )

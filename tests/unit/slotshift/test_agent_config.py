@@ -17,6 +17,7 @@ from slotshift.config import (
     load_config,
     parse_config,
 )
+from tests.support import TEST_TENANT_KEYS
 
 UUID_0 = "GPU-5b3a9c1e-2f4d-4e6a-9b7c-0d1e2f3a4b5c"
 UUID_1 = "GPU-0c8e1d2f-3a4b-4c5d-8e6f-7a8b9c0d1e2f"
@@ -180,7 +181,7 @@ def test_an_engines_config_survives_overrides_and_a_shorthand_one_takes_them() -
 def test_a_gpus_file_is_relative_to_the_config_folder(tmp_path: Path) -> None:
     document = _document({"engines": [_engine("a", 8000, gpus_file="run/engine-gpus")]})
     path = tmp_path / "slotshift.yaml"
-    path.write_text(yaml.safe_dump(document))
+    path.write_text(yaml.safe_dump({"tenant_keys": TEST_TENANT_KEYS, **document}))
 
     config = load_config(path)
 

@@ -20,6 +20,7 @@ from slotshift.config import (
     revealed,
     with_resolved_paths,
 )
+from tests.support import TEST_TENANT_KEYS
 
 
 def _document(**pool_fields: Any) -> dict[str, Any]:
@@ -36,8 +37,9 @@ def _document(**pool_fields: Any) -> dict[str, Any]:
 
 
 def _write(folder: Path, document: dict[str, Any], name: str = "slotshift.yaml") -> Path:
+    """`document` as a config file (with the tests' key-digest secret unless it says otherwise)."""
     path = folder / name
-    path.write_text(yaml.safe_dump(document))
+    path.write_text(yaml.safe_dump({"tenant_keys": TEST_TENANT_KEYS, **document}))
     return path
 
 

@@ -16,6 +16,7 @@ pools:
   - name: default
     budget_slots: 4
     tenants: [{name: A}]
+tenant_keys: {key_digest_secret: slotshift-tests-key-digest-secret-0123456789abcdef}
 """
 _POOLS_WITH_ENGINE_TLS = """
 pools:
@@ -24,6 +25,7 @@ pools:
     engine_url: https://engine:8000
     engine_tls: {ca_file: engine-ca.pem, cert_file: gw.pem, key_file: gw-key.pem}
     tenants: [{name: A}]
+tenant_keys: {key_digest_secret: slotshift-tests-key-digest-secret-0123456789abcdef}
 """
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from slotshift.config import apply_overrides, load_config, parse_config
 from slotshift.config.state_store import DEFAULT_SQLITE_NAME
 from slotshift_tools.local_stack import HOST, StackPorts, _engine_key_settings, write_config
+from tests.support import TEST_TENANT_KEYS
 
 CONFIG = parse_config(
     {
@@ -18,7 +19,8 @@ CONFIG = parse_config(
                 "budget_slots": 8,
                 "tenants": [{"name": "A", "api_keys": ["secret-key-a"]}],
             }
-        ]
+        ],
+        "tenant_keys": TEST_TENANT_KEYS,
     }
 )
 

@@ -25,6 +25,7 @@ pools:
     budget_slots: 10
     tenants:
       - {name: A, api_keys: [key-a]}
+tenant_keys: {key_digest_secret: slotshift-tests-key-digest-secret-0123456789abcdef}
 """
     )
     return load_config(path)

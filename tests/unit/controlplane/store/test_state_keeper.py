@@ -14,12 +14,16 @@ from controlplane.core.overrides import Override, apply, file_fields_of
 from controlplane.decision_log import LoggedDecision
 from controlplane.pool_state import PoolState
 from controlplane.runtime import PoolRuntime
-from controlplane.state_keeper import VERSION_LEASE, StateKeeper
+from controlplane.state_keeper import VERSION_LEASE, StaleKeyDigests, StateKeeper
 from controlplane.store.base import HistoryQuery, StoreError
 from controlplane.store.sqlite import SqliteStateStore
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, StateStoreConfig, TenantConfig
-from slotshift.keys import key_digest
+from slotshift.keys import KeyDigester
+
+DIGESTER = KeyDigester.keyed("test-key-digest-secret-of-32-bytes")
+"""The deployment's digester in these tests (keyed, as shipped configs are)."""
+
 
 FILE = PoolConfig(
     name="p",
@@ -49,6 +53,7 @@ def _runtime(file: PoolConfig, clock: ManualClock) -> PoolRuntime:
         gateway_lease_ttl_s=1.0,
         telemetry_stale_after_s=5.0,
         decision_log_size=16,
+        key_digester=DIGESTER,
     )
     return PoolRuntime(state, clock=clock, reconcile_min_interval_s=0.0)
 
@@ -64,6 +69,7 @@ async def _keeper(
         runtimes={"p": runtime},
         clock=clock,
         decision_log_size=16,
+        key_digester=DIGESTER,
     )
     await store.open()
     await keeper.restore()
@@ -80,8 +86,9 @@ async def test_a_second_run_continues_where_the_first_stopped(tmp_path: Path) ->
         kind="add_tenant",
         tenant="C",
         settings={"floor_slots": 2},
-        key_digests=(key_digest("key-c"),),
-        file_fields=file_fields_of(FILE, "add_tenant", tenant="C"),
+        key_digests=(DIGESTER.digest("key-c"),),
+        key_scheme=DIGESTER.scheme,
+        file_fields=file_fields_of(FILE, "add_tenant", tenant="C", digester=DIGESTER),
     )
     await keeper.record_change(added)
     runtime.change_config(*_applied(runtime, added))
@@ -95,7 +102,7 @@ async def test_a_second_run_continues_where_the_first_stopped(tmp_path: Path) ->
     try:
         state = restored.state
         assert [t.name for t in state.pool.tenants] == ["A", "B", "C"]
-        assert state.key_digests["C"] == (key_digest("key-c"),)
+        assert state.key_digests["C"] == (DIGESTER.digest("key-c"),)
         assert state.config_version == 2
         record = restored.loop.decide_once()
         assert record.id == last_id + 1
@@ -126,7 +133,9 @@ async def test_a_change_the_file_overtook_is_dropped_and_marked(tmp_path: Path) 
             kind="update_tenant",
             tenant="A",
             settings={"floor_slots": 6},
-            file_fields=file_fields_of(FILE, "update_tenant", tenant="A", settings=["floor_slots"]),
+            file_fields=file_fields_of(
+                FILE, "update_tenant", tenant="A", settings=["floor_slots"], digester=DIGESTER
+            ),
         )
     )
     await keeper.close()
@@ -186,5 +195,114 @@ async def test_the_version_ceiling_stays_ahead_of_what_is_published(tmp_path: Pa
         published = runtime.state.allocation.version
         await keeper.check_versions()
         assert (await store.counters("p")).allocation_version == published + VERSION_LEASE
+    finally:
+        await keeper.close()
+
+
+async def _keeper_of(
+    path: str, clock: ManualClock, *, drop_stale: bool = False
+) -> tuple[StateKeeper, PoolRuntime]:
+    runtime = _runtime(FILE, clock)
+    keeper = StateKeeper(
+        SqliteStateStore(path),
+        StateStoreConfig(),
+        file_pools={"p": FILE},
+        runtimes={"p": runtime},
+        clock=clock,
+        decision_log_size=16,
+        key_digester=DIGESTER,
+        drop_stale=drop_stale,
+    )
+    await keeper.store.open()
+    return keeper, runtime
+
+
+async def test_key_changes_are_stored_and_replayed_over_a_restart(tmp_path: Path) -> None:
+    clock = ManualClock()
+    path = str(tmp_path / "state.sqlite3")
+    keeper, runtime = await _keeper(SqliteStateStore(path), FILE, clock)
+    fields = file_fields_of(FILE, "add_key", tenant="A", digester=DIGESTER)
+    changes = [
+        Override(
+            pool="p",
+            config_version=2,
+            kind="add_key",
+            tenant="A",
+            key_digests=(DIGESTER.digest("key-a-2"),),
+            key_scheme=DIGESTER.scheme,
+            file_fields=fields,
+        ),
+        Override(
+            pool="p",
+            config_version=3,
+            kind="revoke_key",
+            tenant="A",
+            key_digests=(DIGESTER.digest("key-a"),),
+            key_scheme=DIGESTER.scheme,
+            file_fields=fields,
+        ),
+    ]
+    for change in changes:
+        await keeper.record_change(change)
+        _, digests, what = _applied(runtime, change)
+        runtime.change_keys(digests, what)
+    assert runtime.state.key_digests["A"] == (DIGESTER.digest("key-a-2"),)
+    await keeper.close()
+
+    again, restored = await _keeper(SqliteStateStore(path), FILE, clock)
+    try:
+        assert restored.state.key_digests["A"] == (DIGESTER.digest("key-a-2"),)
+        assert restored.state.key_digests["B"] == (DIGESTER.digest("key-b"),)
+        assert restored.state.config_version == 3
+    finally:
+        await again.close()
+
+
+async def test_changes_of_another_key_scheme_stop_the_start_unless_dropped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Changes stored before keyed digests hold unkeyed ones: a keyed control plane refuses
+    to start rather than silently stop authenticating them; told to, it drops them. A legacy
+    change without a digest of its own still applies."""
+    clock = ManualClock()
+    path = str(tmp_path / "state.sqlite3")
+    unkeyed = KeyDigester.unkeyed()
+    store = SqliteStateStore(path)
+    await store.open()
+    await store.add_change(
+        Override(
+            pool="p",
+            config_version=2,
+            kind="add_tenant",
+            tenant="C",
+            settings={"floor_slots": 2},
+            key_digests=(unkeyed.digest("key-c"),),
+            file_fields=file_fields_of(FILE, "add_tenant", tenant="C", digester=unkeyed),
+        )
+    )
+    await store.add_change(
+        Override(
+            pool="p",
+            config_version=3,
+            kind="remove_tenant",
+            tenant="B",
+            file_fields=file_fields_of(FILE, "remove_tenant", tenant="B", digester=unkeyed),
+        )
+    )
+    await store.close()
+
+    keeper, runtime = await _keeper_of(path, clock)
+    with caplog.at_level(logging.ERROR), pytest.raises(StaleKeyDigests, match="drop_stale"):
+        await keeper.restore()
+    assert "v2 (add_tenant C) holds key digests of scheme sha256" in caplog.text
+    assert [t.name for t in runtime.state.pool.tenants] == ["A", "B"]  # nothing restored
+    await keeper.close()
+
+    keeper, runtime = await _keeper_of(path, clock, drop_stale=True)
+    try:
+        await keeper.restore()
+        assert [t.name for t in runtime.state.pool.tenants] == ["A"]  # B's removal applied
+        changes = await keeper.store.changes("p")
+        assert [c.dropped_reason is not None for c in changes] == [True, False]
     finally:
         await keeper.close()

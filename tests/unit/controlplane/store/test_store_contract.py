@@ -3,6 +3,7 @@ SQLite in a file, and a real PostgreSQL server (tests/postgres.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ from controlplane.decision_log import (
     rebuild,
 )
 from controlplane.store.base import ChangeConflict, HistoryQuery, StateStore, StoreError
+from controlplane.store.codec import decode_override, encode_override
 from controlplane.store.postgresql import PostgresStateStore
 from controlplane.store.sqlite import SqliteStateStore
 from tests.postgres import PostgresServer
@@ -333,3 +335,14 @@ async def test_the_lease_outlives_the_store_object(new_store: StoreFactory) -> N
     finally:
         await store.close()
     assert (lease.holder, lease.epoch) == ("a", 1)
+
+
+def test_an_override_stored_before_keyed_digests_decodes_as_unkeyed() -> None:
+    body = (
+        '{"pool":"p","config_version":2,"kind":"add_tenant","tenant":"C","settings":{},'
+        '"clear":[],"policy":"","key_digests":["00ff"],"file_fields":{},"stored_at_wall_s":1.0}'
+    )
+    override = decode_override(body)
+    assert (override.key_scheme, override.allow_no_key) == ("sha256", False)
+    keyed = dataclasses.replace(override, key_scheme="hmac-sha256:0123abcd", allow_no_key=True)
+    assert decode_override(encode_override(keyed)) == keyed
