@@ -53,6 +53,9 @@ class ControlPlaneMetrics:
             registry=self.registry,
         )
         self.registry.register(_PoolStateCollector(pools))
+        self._push_latency_of: dict[str, Histogram] = {}
+        """pool -> its child of `push_latency`: an acknowledgement comes with every update, and
+        a label lookup costs more than the observation."""
 
     def observe_decision(self, record: DecisionRecord) -> None:
         if record.fallback is not None:
@@ -63,7 +66,11 @@ class ControlPlaneMetrics:
         self.decision_duration.labels(record.pool).observe(record.duration_ms / 1000)
 
     def observe_ack(self, pool: str, latency_s: float) -> None:
-        self.push_latency.labels(pool).observe(latency_s)
+        """One gateway acknowledged a version of `pool` `latency_s` after it was published."""
+        child = self._push_latency_of.get(pool)
+        if child is None:
+            child = self._push_latency_of[pool] = self.push_latency.labels(pool)
+        child.observe(latency_s)
 
     def observe_telemetry(self, pool: str) -> None:
         self.telemetry_reports.labels(pool).inc()

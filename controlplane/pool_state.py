@@ -491,7 +491,12 @@ class PoolState:
         connected = tuple(g for g, r in zip(ids, records, strict=True) if r.connected)
         in_flight = _rows([r.in_flight for r in records], len(tenants))
         demand = in_flight + _rows([r.queued for r in records], len(tenants))
-        bounds = _rows([r.bounds() for r in records], len(tenants))
+        acked = _rows([r.acked for r in records], len(tenants))
+        # GatewayRecord.bounds of every record, as three whole-array passes rather than two
+        # per gateway.
+        bounds = np.maximum(
+            np.maximum(in_flight, acked), _rows([r.pending for r in records], len(tenants))
+        )
         previous = current.cells
         same_cells = previous.gateway_ids == connected and previous.tenants == tenants
         limits = self._row_of(current.tenant_limits)
@@ -501,17 +506,11 @@ class PoolState:
             live_targets = np.array(previous.targets, dtype=np.int64)
         targets = np.zeros_like(bounds)
         targets[live] = live_targets
-        granted = np.zeros_like(bounds)
-        columns = columns_of(previous.tenants, tenants)
-        kept = columns >= 0
-        for row, gateway_id in enumerate(ids):
-            before = previous.row(gateway_id)
-            if before is not None:
-                granted[row, kept] = previous.limits[before, columns[kept]]
+        granted = _granted(previous, ids, tenants)
         # The restart hold caps what may be granted, not the targets the gateways are told.
         granting = targets
         if self._clock.monotonic() < self._holding_until_s:
-            granting = np.minimum(targets, _rows([r.acked for r in records], len(tenants)))
+            granting = np.minimum(targets, acked)
         grants = placement.grant(self.pool.budget_slots, granting, granted, bounds)
         pauses = self._pause_levels(in_flight[live], grants[live])
         candidate_cells = CellLimits.of(
@@ -633,15 +632,45 @@ def _changed_rows(before: CellLimits, after: CellLimits) -> NDArray[np.bool_]:
     changed = np.ones(len(after.gateway_ids), dtype=bool)
     if before.tenants != after.tenants:
         return changed
-    for row, gateway_id in enumerate(after.gateway_ids):
-        old = before.row(gateway_id)
-        if old is not None:
-            changed[row] = not (
-                np.array_equal(before.targets[old], after.targets[row])
-                and np.array_equal(before.limits[old], after.limits[row])
-                and np.array_equal(before.pauses[old], after.pauses[row])
-            )
+    new_rows, old_rows = _matching_rows(before.gateway_ids, after.gateway_ids)
+    if new_rows.size:
+        changed[new_rows] = (
+            (before.targets[old_rows] != after.targets[new_rows])
+            | (before.limits[old_rows] != after.limits[new_rows])
+            | (before.pauses[old_rows] != after.pauses[new_rows])
+        ).any(axis=1)
     return changed
+
+
+def _granted(previous: CellLimits, ids: tuple[str, ...], tenants: tuple[str, ...]) -> Row2:
+    """What `previous` granted each gateway of `ids` (rows) for each of `tenants` (columns); 0
+    for a gateway or tenant it does not name."""
+    granted = np.zeros((len(ids), len(tenants)), dtype=np.int64)
+    new_rows, old_rows = _matching_rows(previous.gateway_ids, ids)
+    if not new_rows.size:
+        return granted
+    columns = columns_of(previous.tenants, tenants)
+    kept = np.flatnonzero(columns >= 0)
+    if kept.size == len(tenants) and previous.tenants == tenants:
+        granted[new_rows] = previous.limits[old_rows]
+    else:
+        granted[np.ix_(new_rows, kept)] = previous.limits[np.ix_(old_rows, columns[kept])]
+    return granted
+
+
+def _matching_rows(
+    old: tuple[str, ...], new: tuple[str, ...]
+) -> tuple[NDArray[np.intp], NDArray[np.intp]]:
+    """The rows of `new` whose gateway `old` has too, and that gateway's row in `old`."""
+    if old == new:
+        every = np.arange(len(new), dtype=np.intp)
+        return every, every
+    where = {gateway_id: row for row, gateway_id in enumerate(old)}
+    pairs = [(row, where[g]) for row, g in enumerate(new) if g in where]
+    return (
+        np.array([p[0] for p in pairs], dtype=np.intp),
+        np.array([p[1] for p in pairs], dtype=np.intp),
+    )
 
 
 def _rows(rows: list[Row], tenants: int) -> Row2:

@@ -41,14 +41,20 @@ def latency_to_proto(summary: LatencySummary) -> common_pb2.LatencySummary:
     )
 
 
+_NO_LATENCY = LatencySummary()
+"""A window without samples: immutable, so every such window read from the wire shares it."""
+
+
 def latency_from_proto(message: common_pb2.LatencySummary) -> LatencySummary:
     """The LatencySummary a wire message stands for; a negative count reads as 0 (unknown)."""
-    return LatencySummary(
-        count=max(0, message.count),
-        p50_ms=message.p50_ms,
-        p90_ms=message.p90_ms,
-        p99_ms=message.p99_ms,
-    )
+    count, p50_ms, p90_ms, p99_ms = message.count, message.p50_ms, message.p90_ms, message.p99_ms
+    if count <= 0:
+        # Most windows of a report are empty: sharing one object saves building them, which
+        # is a measurable part of reading a report of 1,000 tenants.
+        if p50_ms == 0.0 and p90_ms == 0.0 and p99_ms == 0.0:
+            return _NO_LATENCY
+        count = 0
+    return LatencySummary(count, p50_ms, p90_ms, p99_ms)
 
 
 def demand_to_proto(demand: TenantDemand) -> common_pb2.TenantDemand:
@@ -74,19 +80,30 @@ def demand_to_proto(demand: TenantDemand) -> common_pb2.TenantDemand:
 def demand_from_proto(message: common_pb2.TenantDemand) -> TenantDemand:
     """The TenantDemand a wire message stands for. A peer's message is not trusted to keep the
     contract that counts are never negative: a negative count reads as 0."""
+    # On the control plane's hot path (every tenant of every report and acknowledgement): each
+    # field is read once, clamped inline and passed by position, which costs about half of
+    # max() calls and keywords.
+    in_flight, queued = message.in_flight, message.queued
+    admitted, completed, rejected = (
+        message.admitted_total,
+        message.completed_total,
+        message.rejected_total,
+    )
+    limit, paused, pauses = message.limit_slots, message.paused, message.pauses_total
+    output, waste = message.output_tokens_total, message.waste_tokens_total
     return TenantDemand(
-        tenant=message.tenant,
-        in_flight=max(0, message.in_flight),
-        queued=max(0, message.queued),
-        admitted_total=max(0, message.admitted_total),
-        completed_total=max(0, message.completed_total),
-        rejected_total=max(0, message.rejected_total),
-        limit_slots=max(0, message.limit_slots),
-        ttft=latency_from_proto(message.ttft),
-        e2e=latency_from_proto(message.e2e),
-        queue_wait=latency_from_proto(message.queue_wait),
-        paused=max(0, message.paused),
-        output_tokens_total=max(0, message.output_tokens_total),
-        waste_tokens_total=max(0, message.waste_tokens_total),
-        pauses_total=max(0, message.pauses_total),
+        message.tenant,
+        in_flight if in_flight > 0 else 0,
+        queued if queued > 0 else 0,
+        admitted if admitted > 0 else 0,
+        completed if completed > 0 else 0,
+        rejected if rejected > 0 else 0,
+        limit if limit > 0 else 0,
+        latency_from_proto(message.ttft),
+        latency_from_proto(message.e2e),
+        latency_from_proto(message.queue_wait),
+        paused if paused > 0 else 0,
+        output if output > 0 else 0,
+        waste if waste > 0 else 0,
+        pauses if pauses > 0 else 0,
     )
