@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane.core.reserves import reserves_in_force
+from controlplane.core.stream_identity import RejectionCode, StreamRole
 from controlplane.decision_log import DecisionRecord
 from controlplane.pool_state import PoolState
 from slotshift.apportion import nominal_shares
@@ -52,6 +53,14 @@ class ControlPlaneMetrics:
             ["pool"],
             registry=self.registry,
         )
+        self.stream_rejections = Counter(
+            "slotshift_controlplane_stream_rejections_total",
+            "Gateway and telemetry streams refused at their start, by role (gateway, agent) and "
+            "status code (UNAUTHENTICATED: no or wrong credentials; PERMISSION_DENIED: the other "
+            "role's, or a pool the peer may not serve).",
+            ["role", "code"],
+            registry=self.registry,
+        )
         self.registry.register(_PoolStateCollector(pools))
 
     def observe_decision(self, record: DecisionRecord) -> None:
@@ -64,6 +73,10 @@ class ControlPlaneMetrics:
 
     def observe_ack(self, pool: str, latency_s: float) -> None:
         self.push_latency.labels(pool).observe(latency_s)
+
+    def observe_stream_rejection(self, role: StreamRole, code: RejectionCode) -> None:
+        """Count one refused stream."""
+        self.stream_rejections.labels(role=role.value, code=code.value).inc()
 
     def observe_telemetry(self, pool: str) -> None:
         self.telemetry_reports.labels(pool).inc()

@@ -43,6 +43,7 @@ from slotshift.config.services import (
     RequestLogConfig,
 )
 from slotshift.config.state_store import StateStoreConfig
+from slotshift.config.stream_auth import StreamAuthConfig, StreamClientIdentity
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
 __all__ = [
@@ -66,6 +67,8 @@ __all__ = [
     "SloPolicyConfig",
     "SlotshiftConfig",
     "StateStoreConfig",
+    "StreamAuthConfig",
+    "StreamClientIdentity",
     "TenantConfig",
     "apply_overrides",
     "load_config",
