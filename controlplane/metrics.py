@@ -61,6 +61,10 @@ class ControlPlaneMetrics:
             ["role", "code"],
             registry=self.registry,
         )
+        # Every series from zero: a first refusal is then an increase, not a new series.
+        for role in StreamRole:
+            for code in RejectionCode:
+                self.stream_rejections.labels(role=role.value, code=code.value)
         self.registry.register(_PoolStateCollector(pools))
 
     def observe_decision(self, record: DecisionRecord) -> None:

@@ -165,9 +165,9 @@ class StreamGuard:
         if len(self._logged) > _LOGGED_PEERS:
             self._logged.popitem(last=False)
         logger.warning(
-            "refused a %s stream from %s: %s (%s); further refusals of this peer for this "
+            "refused %s stream from %s: %s (%s); further refusals of this peer for this "
             "reason are counted, not logged",
-            role.value,
+            "an agent" if role is StreamRole.AGENT else "a gateway",
             host,
             rejection.code.value,
             rejection.reason,
