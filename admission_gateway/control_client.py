@@ -38,11 +38,13 @@ from collections.abc import Callable, Sequence
 import grpc
 from opentelemetry import trace
 from opentelemetry.context import Context
+from pydantic import SecretStr
 
 from admission_gateway.control_session import ControlSession, TenantsObserver
 from admission_gateway.gateway_state import GatewayState
 from slotshift.clock import Clock
 from slotshift.reconnect import ReconnectingStream, StreamState, Targets
+from slotshift.stream_token import bearer_metadata
 from slotshift.tls import ChannelSecurity, open_channel
 from slotshift.trace_context import carrier_of, grpc_metadata
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
@@ -77,9 +79,13 @@ class ControlClient:
         rng: random.Random | None = None,
         tracer: trace.Tracer | None = None,
         security: ChannelSecurity | None = None,
+        token: SecretStr | None = None,
         on_tenants: TenantsObserver | None = None,
     ) -> None:
+        """token: presented on every stream (`authorization: Bearer TOKEN`, the gateways'
+        stream token); None sends none."""
         self._state = state
+        self._auth_metadata = bearer_metadata(token)
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         addresses = (target,) if isinstance(target, str) else tuple(target)
         self._targets = Targets(
@@ -150,7 +156,9 @@ class ControlClient:
             },
         )
         # None: messages are written with call.write, not drawn from an iterator.
-        call: _Call = stub.Connect(None, metadata=grpc_metadata(carrier_of(connecting)))
+        call: _Call = stub.Connect(
+            None, metadata=(*grpc_metadata(carrier_of(connecting)), *self._auth_metadata)
+        )
         try:
             return await self.session.run(call, opened, connecting=connecting)
         finally:

@@ -50,6 +50,7 @@ from slotshift.config import (
 from slotshift.keys import bearer_matches
 from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
 from slotshift.request_log import RequestLogWriter, SessionHasher, session_key_from_text
+from slotshift.stream_token import read_stream_token
 from slotshift.tls import (
     ChannelSecurity,
     client_ssl_context,
@@ -179,6 +180,11 @@ class AdmissionGateway:
                 metrics_token_digest, token_file, "gateway.metrics_token_file"
             )
         engine_keys = await asyncio.to_thread(self._load_engine_keys)
+        stream_token = await asyncio.to_thread(
+            read_stream_token,
+            self._settings.controlplane_token_file,
+            field="gateway.controlplane_token_file",
+        )
         log_settings = self._settings.request_log
         sessions = None
         if log_settings is not None and log_settings.session_key_file is not None:
@@ -272,6 +278,7 @@ class AdmissionGateway:
                 rng=self._rng,
                 tracer=self._tracer,
                 security=security,
+                token=stream_token,
                 on_tenants=functools.partial(self._use_tenants, pool),
             )
             self.control_clients[pool.name] = client

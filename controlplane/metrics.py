@@ -9,6 +9,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controlplane.core.reserves import reserves_in_force
+from controlplane.core.stream_identity import RejectionCode, StreamRole
 from controlplane.decision_log import DecisionRecord
 from controlplane.pool_state import PoolState
 from slotshift.apportion import nominal_shares
@@ -52,6 +53,18 @@ class ControlPlaneMetrics:
             ["pool"],
             registry=self.registry,
         )
+        self.stream_rejections = Counter(
+            "slotshift_controlplane_stream_rejections_total",
+            "Gateway and telemetry streams refused at their start, by role (gateway, agent) and "
+            "status code (UNAUTHENTICATED: no or wrong credentials; PERMISSION_DENIED: the other "
+            "role's, or a pool the peer may not serve).",
+            ["role", "code"],
+            registry=self.registry,
+        )
+        # Every series from zero: a first refusal is then an increase, not a new series.
+        for role in StreamRole:
+            for code in RejectionCode:
+                self.stream_rejections.labels(role=role.value, code=code.value)
         self.registry.register(_PoolStateCollector(pools))
         self._push_latency_of: dict[str, Histogram] = {}
         """pool -> its child of `push_latency`: an acknowledgement comes with every update, and
@@ -71,6 +84,10 @@ class ControlPlaneMetrics:
         if child is None:
             child = self._push_latency_of[pool] = self.push_latency.labels(pool)
         child.observe(latency_s)
+
+    def observe_stream_rejection(self, role: StreamRole, code: RejectionCode) -> None:
+        """Count one refused stream."""
+        self.stream_rejections.labels(role=role.value, code=code.value).inc()
 
     def observe_telemetry(self, pool: str) -> None:
         self.telemetry_reports.labels(pool).inc()

@@ -33,6 +33,7 @@ from controlplane.runtime import PoolRuntime
 from controlplane.service.admin_service import PoolAdminService
 from controlplane.service.gateway_service import GatewayStreamService
 from controlplane.service.query_service import AllocationQueryService
+from controlplane.service.stream_guard import StreamGuard, load_stream_credentials
 from controlplane.service.telemetry_service import TelemetryIngestService
 from controlplane.state_keeper import StateKeeper
 from controlplane.store.base import StateStore
@@ -120,12 +121,14 @@ class ControlPlane:
             )
             for name, state in self.pools.items()
         }
+        self._stream_guard = StreamGuard(on_rejection=self.metrics.observe_stream_rejection)
         self.gateway_service = GatewayStreamService(
             self.pools,
             on_ack=self.metrics.observe_ack,
             tracer=self._tracer,
             clock=self._clock,
             push_min_interval_s=settings.push_min_interval_ms / 1000,
+            guard=self._stream_guard,
         )
         """The gateways' stream: Connect on the gRPC server, `serve` on any other stream."""
         self._tasks = Supervisor("controlplane")
@@ -146,7 +149,11 @@ class ControlPlane:
     async def start(self) -> None:
         """Open the state store and restore the pools (nothing serves before), then serve:
         gRPC, /metrics, the decision loops. A start that fails stops what it started (the
-        store closed too) and raises."""
+        store closed too) and raises; ConfigError, before anything is opened, when the streams
+        have no credentials (controlplane.stream_auth) or their token files cannot be read."""
+        self._stream_guard.load(
+            await asyncio.to_thread(load_stream_credentials, self.config.controlplane.stream_auth)
+        )
         if not self._digester.is_keyed:
             logger.warning(
                 "tenants' API keys are digested unkeyed (SHA-256): %s",
@@ -245,6 +252,7 @@ class ControlPlane:
                 self._clock,
                 on_report=self.metrics.observe_telemetry,
                 tracer=self._tracer,
+                guard=self._stream_guard,
             ),
             server,
         )

@@ -12,6 +12,11 @@ it is back.
 
 The tools that run a stack of their own (the bench, the soak) start it through LocalStack too:
 StackPorts picks free ports, write_config writes the config file the children read.
+
+The streams to the control plane are authenticated whatever the config: one that names no stream
+credentials gets tokens of its own, random, written once under the stack's state folder
+(`StreamTokenFiles`) and named to every child with `--set` (secure by default, the demo's and the
+benchmarks' stacks included).
 """
 
 from __future__ import annotations
@@ -52,6 +57,61 @@ VLLM_STOP_GRACE_S = 30.0
 
 class StackError(RuntimeError):
     """A service of the local stack failed to start."""
+
+
+STREAM_TOKENS_FOLDER = "slotshift-stream-tokens"
+"""The folder of the stream tokens a stack generates, in its state folder (stream_tokens_folder)."""
+
+
+@dataclass(frozen=True)
+class StreamTokenFiles:
+    """The gateways' and the agent's stream tokens of a local stack, one file each."""
+
+    gateway: Path
+    agent: Path
+
+    @classmethod
+    def ensure(cls, folder: Path) -> StreamTokenFiles:
+        """The token files in `folder`: kept as they are when both exist (a stack started again
+        keeps its tokens, so that a child restarted meanwhile still matches), else both written
+        afresh with random tokens, readable by this user only. Blocks: writes files."""
+        files = cls(folder / "gateway-token", folder / "agent-token")
+        if files.gateway.is_file() and files.agent.is_file():
+            return files
+        folder.mkdir(parents=True, exist_ok=True)
+        for path in (files.gateway, files.agent):
+            # Created 0600 from the start: the token is never readable by others, even briefly.
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+                out.write(secrets.token_urlsafe(32) + "\n")
+        return files
+
+    def settings(self) -> dict[str, str]:
+        """Overrides (dotted paths) that make the control plane ask for these tokens and the
+        gateways and the agent present them."""
+        return {
+            "controlplane.stream_auth.gateway_token_file": str(self.gateway),
+            "controlplane.stream_auth.agent_token_file": str(self.agent),
+            "gateway.controlplane_token_file": str(self.gateway),
+            "agent.controlplane_token_file": str(self.agent),
+        }
+
+
+def stream_tokens_folder(config: SlotshiftConfig, config_path: Path) -> Path:
+    """Where a stack of `config` keeps its generated stream tokens: beside its SQLite state
+    store (each stack its own, as its state), else beside its config file."""
+    store = config.controlplane.state_store
+    if store.kind == "sqlite" and store.sqlite_file is not None:
+        return Path(store.sqlite_file).parent / STREAM_TOKENS_FOLDER
+    return config_path.parent / STREAM_TOKENS_FOLDER
+
+
+def needs_stream_tokens(config: SlotshiftConfig) -> bool:
+    """Whether `config` leaves the streams without credentials (and does not open them on
+    purpose): a stack of it then generates its own tokens."""
+    auth = config.controlplane.stream_auth
+    configured = auth.configures("gateway") or auth.configures("agent")
+    return not configured and not auth.insecure_allow_unauthenticated
 
 
 @dataclass(frozen=True)
@@ -201,7 +261,9 @@ class LocalStack:
         RESTART_WINDOW_S); the others keep serving meanwhile. Off (the bench, the soak): an
         exited child stays exited, and `failed` names it."""
         self.config = config
-        """The stack's config, with the engine's address once start() has chosen it."""
+        """The stack's config, with the engine's address once start() has chosen it, and its
+        generated stream tokens once start() has written them."""
+        self._config_path = config_path
         self._interrupt = interrupt if interrupt is not None else asyncio.Event()
         self._log_dir = log_dir
         self._base_args = ["--config", str(config_path)]
@@ -218,6 +280,7 @@ class LocalStack:
         """Start every service of `config` in order, each ready before the next; StackError
         when one exits, is not ready within its timeout, or `interrupt` is set meanwhile (the
         children started so far keep running until stop())."""
+        await self._secure_streams()
         config = self.config
         timeout_s = config.local_stack.ready_timeout_s
         if config.local_stack.engine == "vllm":
@@ -327,6 +390,21 @@ class LocalStack:
             stop_grace_s=VLLM_STOP_GRACE_S,
         )
 
+    async def _secure_streams(self) -> None:
+        """Give the streams generated tokens when the config names none (module docstring)."""
+        if not needs_stream_tokens(self.config):
+            return
+        folder = stream_tokens_folder(self.config, self._config_path)
+        files = await asyncio.to_thread(StreamTokenFiles.ensure, folder)
+        self._override(files.settings())
+        logger.info("stream tokens of this stack: %s", folder)
+
+    def _override(self, overrides: Mapping[str, str]) -> None:
+        """Apply `overrides` to this stack's config and to every child's command line."""
+        self.config = apply_overrides(self.config, overrides)
+        for key, value in overrides.items():
+            self._base_args += ["--set", f"{key}={value}"]
+
     def _engine_pool_index(self) -> int:
         """The pool the gateways serve: the one the local engine is for."""
         pools = [pool.name for pool in self.config.pools]
@@ -347,9 +425,7 @@ class LocalStack:
             f"pools.{pool_index}.engine_url": url,
             "agent.engine_metrics_url": f"{url}/metrics",
         }
-        self.config = apply_overrides(self.config, overrides)
-        for key, value in overrides.items():
-            self._base_args += ["--set", f"{key}={value}"]
+        self._override(overrides)
 
     async def _start(
         self,

@@ -72,6 +72,7 @@ class _WatchedEngine:
             rng=rng,
             tracer=tracer,
             tls=config.controlplane_tls,
+            token_file=config.controlplane_token_file,
         )
         self.last_report: telemetry_pb2.TelemetryReport | None = None
 

@@ -25,6 +25,7 @@ from slotshift.clock import Clock
 from slotshift.config import ClientTlsConfig
 from slotshift.newest import NewestBox
 from slotshift.reconnect import STREAM_GONE, ReconnectingStream, StreamState, Targets
+from slotshift.stream_token import bearer_metadata, read_stream_token
 from slotshift.tls import ChannelSecurity, load_channel_security, open_channel
 from slotshift.trace_context import carrier_of, grpc_metadata
 from slotshift.v1 import telemetry_pb2, telemetry_pb2_grpc
@@ -58,7 +59,10 @@ class TelemetryStream:
         rng: random.Random | None = None,
         tracer: trace.Tracer | None = None,
         tls: ClientTlsConfig | None = None,
+        token_file: str | None = None,
     ) -> None:
+        """token_file: the agents' stream token (agent.controlplane_token_file), read by
+        load_credentials and presented on every stream; None sends none."""
         self._targets = Targets(
             (target,) if isinstance(target, str) else tuple(target),
             self._open_channel,
@@ -66,6 +70,8 @@ class TelemetryStream:
         )
         self._tls = tls
         self._security: ChannelSecurity | None = None
+        self._token_file = token_file
+        self._auth_metadata: tuple[tuple[str, str], ...] = ()
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._metrics = metrics
         # While the control plane is unreachable the sampler keeps sampling: each new report
@@ -90,9 +96,13 @@ class TelemetryStream:
         return self._link.connected
 
     async def load_credentials(self) -> None:
-        """Read the TLS files (if the stream uses TLS) before run(): a missing or bad file fails
-        the agent's start, not each connection attempt."""
+        """Read the TLS files (if the stream uses TLS) and the stream token (if any) before
+        run(): a missing or bad file fails the agent's start, not each connection attempt."""
         self._security = await asyncio.to_thread(load_channel_security, self._tls)
+        token = await asyncio.to_thread(
+            read_stream_token, self._token_file, field="agent.controlplane_token_file"
+        )
+        self._auth_metadata = bearer_metadata(token)
 
     def publish(self, report: telemetry_pb2.TelemetryReport) -> None:
         """Hand over the newest report; it replaces an unsent older one."""
@@ -130,7 +140,7 @@ class TelemetryStream:
         # Without a request iterator grpc.aio hands back a call to write() to (its write API);
         # the stubs only describe the iterator form.
         call: _Call = stub.StreamTelemetry(  # type: ignore[call-arg]
-            metadata=grpc_metadata(carrier_of(connecting))
+            metadata=(*grpc_metadata(carrier_of(connecting)), *self._auth_metadata)
         )
         call.add_done_callback(lambda _call: self._latest.wake())
         try:

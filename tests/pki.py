@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
@@ -36,10 +37,14 @@ class TestPki:
     """For 127.0.0.1 and localhost (server authentication)."""
     client: KeyPair
     """For a client (client authentication), e.g. a gateway."""
+    clients: dict[str, KeyPair] = field(default_factory=dict)
+    """More client certificates, by name: each with that name as its CN and its one DNS SAN
+    (the identities a stream allow-list names)."""
 
 
-def make_pki(folder: Path, name: str = "slotshift-test") -> TestPki:
-    """A fresh CA called `name` and a server and a client certificate it signed, in `folder`."""
+def make_pki(folder: Path, name: str = "slotshift-test", clients: Sequence[str] = ()) -> TestPki:
+    """A fresh CA called `name` and a server and a client certificate it signed, in `folder`;
+    and a client certificate for each of `clients` (TestPki.clients)."""
     folder.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -61,11 +66,17 @@ def make_pki(folder: Path, name: str = "slotshift-test") -> TestPki:
     ca_path = folder / f"{name}-ca.pem"
     ca_path.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
 
-    def leaf(role: str, usage: x509.ObjectIdentifier, names: list[x509.GeneralName]) -> KeyPair:
+    def leaf(
+        role: str,
+        usage: x509.ObjectIdentifier,
+        names: list[x509.GeneralName],
+        common_name: str | None = None,
+    ) -> KeyPair:
         key = ec.generate_private_key(ec.SECP256R1())
+        subject = common_name if common_name is not None else f"{name} {role}"
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} {role}")]))
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
             .issuer_name(ca_name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -102,7 +113,16 @@ def make_pki(folder: Path, name: str = "slotshift-test") -> TestPki:
         [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))],
     )
     client = leaf("client", ExtendedKeyUsageOID.CLIENT_AUTH, [x509.DNSName("gateway")])
-    return TestPki(ca_path, server, client)
+    named = {
+        client_name: leaf(
+            f"client-{client_name}",
+            ExtendedKeyUsageOID.CLIENT_AUTH,
+            [x509.DNSName(client_name)],
+            common_name=client_name,
+        )
+        for client_name in clients
+    }
+    return TestPki(ca_path, server, client, named)
 
 
 def _key_usage(*, cert_sign: bool) -> x509.KeyUsage:

@@ -11,9 +11,11 @@ from opentelemetry import trace
 
 from controlplane.core.allocation import Allocation
 from controlplane.core.push import GatewayRow, Push, Waiting, next_push
+from controlplane.core.stream_identity import StreamRole
 from controlplane.pool_state import PoolState
 from controlplane.registry import Delivery, GatewaySession
 from controlplane.service import convert
+from controlplane.service.stream_guard import StreamGuard
 from slotshift.clock import Clock, SystemClock
 from slotshift.demand import TenantDemand
 from slotshift.trace_context import (
@@ -60,8 +62,13 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         tracer: trace.Tracer | None = None,
         clock: Clock | None = None,
         push_min_interval_s: float = 0.0,
+        guard: StreamGuard | None = None,
     ) -> None:
+        """guard: who may call Connect (checked before the hello is read, and the hello's pool
+        before anything is sent); None lets every caller in, for a service that no network
+        reaches (unit tests; the twin calls `serve` directly)."""
         self._pools = pools
+        self._guard = guard
         self._on_ack = on_ack
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._clock = clock or SystemClock()
@@ -77,6 +84,8 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         request_iterator: AsyncIterator[gateway_pb2.GatewayMessage],
         context: grpc.aio.ServicerContext[object, object],
     ) -> None:
+        guard = self._guard
+        peer = None if guard is None else await guard.admit(context, StreamRole.GATEWAY)
         first = await anext(request_iterator, None)
         if first is None:
             return
@@ -87,6 +96,9 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         hello = first.hello
         if not hello.gateway_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.gateway_id: required")
+        if guard is not None and peer is not None:
+            # Before the pool is looked up: a peer not allowed there learns nothing of it.
+            await guard.admit_pools(context, peer, (hello.pool,))
         state = self._pools.get(hello.pool)
         if state is None:
             await context.abort(

@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 import grpc
 from opentelemetry import trace
 
+from controlplane.core.stream_identity import StreamPeer, StreamRole
 from controlplane.pool_state import PoolState, TelemetryRecord
+from controlplane.service.stream_guard import StreamGuard
 from slotshift.clock import Clock
 from slotshift.trace_context import carrier_from_grpc_metadata, parent_from
 from slotshift.v1 import telemetry_pb2, telemetry_pb2_grpc
@@ -25,8 +27,12 @@ class TelemetryIngestService(telemetry_pb2_grpc.TelemetryServiceServicer):
         on_report: Callable[[str], None] | None = None,
         *,
         tracer: trace.Tracer | None = None,
+        guard: StreamGuard | None = None,
     ) -> None:
+        """guard: who may stream telemetry (checked before the first report is read, and each
+        report's pool before it is taken); None lets every caller in (unit tests only)."""
         self._pools = pools
+        self._guard = guard
         self._clock = clock
         self._on_report = on_report
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
@@ -36,7 +42,10 @@ class TelemetryIngestService(telemetry_pb2_grpc.TelemetryServiceServicer):
         request_iterator: AsyncIterator[telemetry_pb2.TelemetryReport],
         context: grpc.aio.ServicerContext[object, object],
     ) -> telemetry_pb2.TelemetryStreamSummary:
+        guard = self._guard
+        peer = None if guard is None else await guard.admit(context, StreamRole.AGENT)
         received = 0
+        allowed: set[str] = set()
         opening: trace.Span | None = self._tracer.start_span(
             "telemetry.connect",
             context=parent_from(carrier_from_grpc_metadata(context.invocation_metadata())),
@@ -48,6 +57,9 @@ class TelemetryIngestService(telemetry_pb2_grpc.TelemetryServiceServicer):
                     opening.set_attributes(
                         {"slotshift.pool": report.pool, "slotshift.agent.id": report.agent_id}
                     )
+                if report.pool not in allowed:
+                    await self._admit_pool(context, peer, report.pool)
+                    allowed.add(report.pool)
                 state = self._pools.get(report.pool)
                 if state is None:
                     await context.abort(
@@ -66,6 +78,16 @@ class TelemetryIngestService(telemetry_pb2_grpc.TelemetryServiceServicer):
             if opening is not None:
                 opening.end()
         return telemetry_pb2.TelemetryStreamSummary(reports_received=received)
+
+    async def _admit_pool(
+        self,
+        context: grpc.aio.ServicerContext[object, object],
+        peer: StreamPeer | None,
+        pool: str,
+    ) -> None:
+        """Return if the stream's peer may report for `pool`; else abort, nothing recorded."""
+        if self._guard is not None and peer is not None:
+            await self._guard.admit_pools(context, peer, (pool,))
 
     def _record(self, report: telemetry_pb2.TelemetryReport) -> TelemetryRecord:
         gpus = list(report.gpus)

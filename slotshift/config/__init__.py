@@ -43,6 +43,7 @@ from slotshift.config.services import (
     RequestLogConfig,
 )
 from slotshift.config.state_store import StateStoreConfig
+from slotshift.config.stream_auth import StreamAuthConfig, StreamClientIdentity
 from slotshift.config.tenant_keys import TenantKeysConfig, key_digester
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
@@ -67,6 +68,8 @@ __all__ = [
     "SloPolicyConfig",
     "SlotshiftConfig",
     "StateStoreConfig",
+    "StreamAuthConfig",
+    "StreamClientIdentity",
     "TenantConfig",
     "TenantKeysConfig",
     "apply_overrides",

@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 
 from slotshift.config.base import ConfigModel, Name, Port, PositiveSeconds
 from slotshift.config.state_store import StateStoreConfig
+from slotshift.config.stream_auth import StreamAuthConfig
 from slotshift.config.tls import ClientTlsConfig, ServerTlsConfig
 
 ControlPlaneTarget = str | Annotated[list[str], Field(min_length=1)]
@@ -85,6 +86,23 @@ class ControlPlaneConfig(ConfigModel):
     """What survives a restart (admin changes, the version counters, the decision history) and
     where: a SQLite file by default, PostgreSQL for several replicas."""
 
+    stream_auth: StreamAuthConfig = Field(default_factory=StreamAuthConfig)
+    """Who may open the gateways' and the agents' streams: a token per role, and optionally the
+    mutual-TLS identities allowed per role and pool. Unset, the control plane refuses to start
+    (stream_auth.insecure_allow_unauthenticated says what opening them would mean)."""
+
+    @model_validator(mode="after")
+    def _identities_need_client_certs(self) -> ControlPlaneConfig:
+        auth = self.stream_auth
+        if auth.gateway_identities is None and auth.agent_identities is None:
+            return self
+        if self.tls is None or not self.tls.require_client_cert:
+            raise ValueError(
+                "stream_auth: gateway_identities and agent_identities are client-certificate "
+                "identities: they need tls with require_client_cert (mutual TLS)"
+            )
+        return self
+
 
 class RequestLogConfig(ConfigModel):
     """A gateway's request log (slotshift/request_log.py): one JSON line per finished request,
@@ -153,6 +171,13 @@ class GatewayConfig(ConfigModel):
     controlplane_tls: ClientTlsConfig | None = None
     """TLS on the stream to the control plane (set when controlplane.tls is), with a client
     certificate for mutual TLS; unset: plaintext."""
+
+    controlplane_token_file: str | None = None
+    """A file whose first token (one per line; blank lines and `#` comments skipped) the gateway
+    presents on its stream to the control plane (`authorization: Bearer TOKEN`): one of the
+    control plane's `stream_auth.gateway_token_file`. Read at start; relative to the config
+    file's folder. Unset: no token is sent (the control plane then refuses the stream unless it
+    checks gateways by their client certificate alone)."""
 
     tls: ServerTlsConfig | None = None
     """HTTPS on the gateway's HTTP server (the OpenAI API, /metrics, /ready), mutual with
@@ -312,6 +337,10 @@ class AgentConfig(ConfigModel):
     controlplane_tls: ClientTlsConfig | None = None
     """TLS on the telemetry stream to the control plane (set when controlplane.tls is), with a
     client certificate for mutual TLS; unset: plaintext."""
+
+    controlplane_token_file: str | None = None
+    """As gateway.controlplane_token_file, for the agent's telemetry streams: one of the
+    control plane's `stream_auth.agent_token_file`."""
 
     engine_metrics_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     """One-engine shorthand (not with engines): that engine's Prometheus endpoint (vLLM's

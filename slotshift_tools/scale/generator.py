@@ -40,6 +40,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
 from slotshift.reconnect import STREAM_GONE
+from slotshift.stream_token import bearer_metadata, read_stream_token
 from slotshift.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from slotshift.wire import to_timestamp
 from slotshift_tools.scale.budget import HeldLog
@@ -88,6 +89,9 @@ class GeneratorSpec:
     deadline_wall_s: float
     """The process stops by then even if the parent never says so."""
     out_dir: str
+    token_file: str | None = None
+    """The gateways' stream token (the control plane's stream_auth.gateway_token_file), presented
+    on every stream; None presents none."""
     settings: DemandSettings = field(default_factory=DemandSettings)
 
 
@@ -134,8 +138,11 @@ class SimGateway:
         timeline: DemandTimeline,
         recorder: Recorder,
         clock: Clock,
+        auth_metadata: tuple[tuple[str, str], ...] = (),
     ) -> None:
+        """auth_metadata: the call metadata that presents the stream token (bearer_metadata)."""
         self._spec = spec
+        self._auth_metadata = auth_metadata
         self.index = index
         self.gateway_id = gateway_name(index)
         self._timeline = timeline
@@ -156,7 +163,7 @@ class SimGateway:
         """Hello, then reports and acks until cancelled; returns when the stream ends."""
         async with grpc.aio.insecure_channel(self._spec.target, options=CHANNEL_OPTIONS) as channel:
             stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-            call: _Call = stub.Connect(None)
+            call: _Call = stub.Connect(None, metadata=self._auth_metadata)
             writes = asyncio.Lock()
             tasks = Supervisor(f"scale-gateway/{self.gateway_id}")
             try:
@@ -410,10 +417,14 @@ async def run_generator(
         seed=spec.seed,
         settings=spec.settings,
     )
+    token = await asyncio.to_thread(
+        read_stream_token, spec.token_file, field="gateway.controlplane_token_file"
+    )
+    metadata = bearer_metadata(token)
     tasks = Supervisor(f"scale-generator-{spec.index}")
     tasks.spawn("loop-lag", loop_lag_probe(recorder, clock))
     for index in spec.gateway_indexes:
-        gateway = SimGateway(spec, index, timeline, recorder, clock)
+        gateway = SimGateway(spec, index, timeline, recorder, clock, metadata)
         tasks.spawn(f"gateway/{gateway.gateway_id}", gateway.run(), forever=False)
     try:
         # The stop event is the parent process's (multiprocessing): it can only be polled.

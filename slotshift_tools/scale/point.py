@@ -47,7 +47,12 @@ from slotshift.config import SlotshiftConfig, apply_overrides, parse_config, par
 from slotshift.v1 import query_pb2, query_pb2_grpc
 from slotshift.wire import from_timestamp
 from slotshift_tools.bench.summary import DISTURBED_LOOP_LAG_P99_MS
-from slotshift_tools.local_stack import generated_tenant_keys, grpc_serving
+from slotshift_tools.local_stack import (
+    STREAM_TOKENS_FOLDER,
+    StreamTokenFiles,
+    generated_tenant_keys,
+    grpc_serving,
+)
 from slotshift_tools.scale import procfs
 from slotshift_tools.scale.budget import check_budget
 from slotshift_tools.scale.dynamics import DemandSettings, Dynamics
@@ -357,6 +362,13 @@ async def run_point(settings: PointSettings, out_dir: Path, clock: Clock) -> dic
     grpc_port, metrics_port = _free_ports(2)
     data = controlplane_config_data(settings, grpc_port, metrics_port)
     data["tenant_keys"] = await asyncio.to_thread(generated_tenant_keys, out_dir)
+    # The simulated gateways authenticate as real ones do: the per-message cost measured is
+    # that of an authenticated stream (the check itself runs once, at the stream's start).
+    tokens = await asyncio.to_thread(StreamTokenFiles.ensure, out_dir / STREAM_TOKENS_FOLDER)
+    data["controlplane"]["stream_auth"] = {
+        "gateway_token_file": str(tokens.gateway),
+        "agent_token_file": str(tokens.agent),
+    }
     config = effective_config(settings, data)
     pool = config.pool(POOL)
     config_path = out_dir / "slotshift.yaml"
@@ -386,6 +398,7 @@ async def run_point(settings: PointSettings, out_dir: Path, clock: Clock) -> dic
                 origin_wall_s=origin,
                 deadline_wall_s=origin + horizon_s,
                 out_dir=str(out_dir),
+                token_file=str(tokens.gateway),
                 settings=DemandSettings(),
             )
             for index, gateways in enumerate(assignment)

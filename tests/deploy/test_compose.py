@@ -275,6 +275,28 @@ def test_tenant_key_files_are_compose_secrets(compose: dict[str, Any], tmp_path:
         assert len(set(keys)) == len(keys)
 
 
+def test_each_role_gets_its_own_stream_token_and_the_control_plane_both(
+    compose: dict[str, Any],
+) -> None:
+    wanted = {
+        "controlplane": {"gateway-stream-token", "agent-stream-token"},
+        "gateway": {"gateway-stream-token"},
+        "agent": {"agent-stream-token"},
+    }
+    for name, service in _slotshift_services(compose):
+        role = service["command"][0]
+        secrets = {s for s in service.get("secrets", []) if s.endswith("-stream-token")}
+        assert secrets == wanted.get(role, set()), name
+        config = _config(compose, service)
+        auth = config.controlplane.stream_auth
+        named = {
+            "controlplane": [auth.gateway_token_file, auth.agent_token_file],
+            "gateway": [config.gateway.controlplane_token_file],
+            "agent": [config.agent.controlplane_token_file],
+        }.get(role, [])
+        assert {PurePosixPath(p).name for p in named if p is not None} == secrets, name
+
+
 def test_only_the_control_plane_gets_the_admin_token(compose: dict[str, Any]) -> None:
     for name, service in _slotshift_services(compose):
         has_token = "admin-token" in service.get("secrets", [])

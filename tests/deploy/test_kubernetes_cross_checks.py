@@ -715,3 +715,42 @@ def test_each_fleet_engine_serves_its_pools_model_on_the_demos_profile(fleet: Ma
         default_profile = type(effective).model_fields["profile"].default
         assert effective.profile == local.local_stack.emulator_profiles.get(name, default_profile)
     assert _fleet_engines(fleet)["large"][2]["args"][-1] == "engine_sim.profile=h200-qwen2.5-7b"
+
+
+def _stream_token_files(config: SlotshiftConfig, subcommand: str) -> set[PurePosixPath]:
+    """The stream-token files `subcommand` reads from `config`."""
+    auth = config.controlplane.stream_auth
+    named = {
+        "controlplane": [auth.gateway_token_file, auth.agent_token_file],
+        "gateway": [config.gateway.controlplane_token_file],
+        "agent": [config.agent.controlplane_token_file],
+    }.get(subcommand, [])
+    return {PurePosixPath(path) for path in named if path is not None}
+
+
+def test_each_role_presents_a_stream_token_the_control_plane_takes_and_sees_no_other(
+    overlay: Manifests,
+) -> None:
+    cp_workload, cp_container = overlay.workload_running("controlplane")
+    cp_files = overlay.files_seen_by(cp_workload, cp_container)
+    auth = _effective_config(overlay, cp_workload, cp_container).controlplane.stream_auth
+    assert auth.gateway_token_file is not None and auth.agent_token_file is not None
+    assert not auth.insecure_allow_unauthenticated
+    accepted = {
+        role: set(cp_files[PurePosixPath(path)].decode().split())
+        for role, path in (("gateway", auth.gateway_token_file), ("agent", auth.agent_token_file))
+    }
+    assert not accepted["gateway"] & accepted["agent"], "the two roles share a token"
+    token_files = {path for path in cp_files if path.is_relative_to("/etc/slotshift/stream-tokens")}
+    for workload, container in overlay.slotshift_containers():
+        subcommand = container["args"][0]
+        config = _effective_config(overlay, workload, container)
+        files = overlay.files_seen_by(workload, container)
+        reads = _stream_token_files(config, subcommand)
+        seen = {path for path in files if path in token_files}
+        name = workload["metadata"]["name"]
+        # A gateway cannot pass for an agent (nor an agent for a gateway): it holds its own only.
+        assert seen == reads, f"{name} ({subcommand}) sees {seen}, reads {reads}"
+        if subcommand in ("gateway", "agent"):
+            (path,) = reads
+            assert files[path].decode().split()[0] in accepted[subcommand], name

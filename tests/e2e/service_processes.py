@@ -20,18 +20,22 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.stream_tokens import StreamTokens
 from tests.support import wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServiceProcesses:
-    """Named service processes sharing one config file; every one is stopped at close()."""
+    """Named service processes sharing one config file; every one is stopped at close(). The
+    streams are authenticated with fresh tokens in `directory` (`stream_tokens`) unless the
+    config sets its own controlplane.stream_auth."""
 
     def __init__(self, directory: Path, config: dict[str, Any]) -> None:
         self.directory = directory
         self.config_path = directory / "slotshift.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
+        self.stream_tokens = StreamTokens.write(directory / "stream-tokens")
+        self.config_path.write_text(yaml.safe_dump(self.stream_tokens.add_to(config)))
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, command: str, *args: str) -> None:

@@ -54,7 +54,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
         wait_ready(lambda: grpc_serving(f"127.0.0.1:{grpc_port}"), "the control plane")
         services.start("gateway", "gateway", "--gateway-id", "gw-fuzz")
         wait_ready(lambda: http_ok(f"http://127.0.0.1:{gateway}/ready"), "the gateway")
-        yield {"gateway": f"http://127.0.0.1:{gateway}", "grpc": f"127.0.0.1:{grpc_port}"}
+        yield {
+            "gateway": f"http://127.0.0.1:{gateway}",
+            "grpc": f"127.0.0.1:{grpc_port}",
+            # The stream fuzzing comes from an authenticated peer: what is fuzzed is the
+            # messages, not the door (tests/integration/test_stream_auth.py).
+            "gateway_token": services.stream_tokens.gateway_token,
+        }
         assert services.running("gateway"), services.log("gateway")
         assert services.running("controlplane"), services.log("controlplane")
     finally:
@@ -200,7 +206,11 @@ def test_gateway_stream_survives_any_messages(
 ) -> None:
     with grpc.insecure_channel(stack["grpc"]) as channel:
         stub = gateway_pb2_grpc.GatewayServiceStub(channel)
-        call = stub.Connect(iter([gateway_pb2.GatewayMessage(hello=hello), *messages]), timeout=2)
+        call = stub.Connect(
+            iter([gateway_pb2.GatewayMessage(hello=hello), *messages]),
+            timeout=2,
+            metadata=(("authorization", f"Bearer {stack['gateway_token']}"),),
+        )
         failure: grpc.RpcError | None = None
         try:
             for _ in call:

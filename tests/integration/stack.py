@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from typing import TypeVar
 
 from pydantic import SecretStr
 
@@ -15,6 +16,7 @@ from controlplane.server import ControlPlane
 from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig
 from telemetry_agent.gpu import GpuDeviceReading, GpuReadError
+from tests.stream_tokens import StreamTokens
 from tests.support import TEST_KEY_DIGEST_SECRET
 
 GATEWAYS = 3
@@ -59,7 +61,11 @@ async def start_stack(
     gateways: int = GATEWAYS,
 ) -> Stack:
     """`config(engine_url, grpc_port)` is called for the engine (neither is known yet), for the
-    control plane (the engine's URL known), then with both for the gateways."""
+    control plane (the engine's URL known), then with both for the gateways. The streams are
+    authenticated with fresh tokens (tests/stream_tokens.py) unless the config sets its own
+    stream_auth; `Stack.config` names them."""
+    tokens = StreamTokens.for_stack(exits)
+    config = _with_tokens(config, tokens)
     engine = EngineSim(config("http://127.0.0.1:1", 0).engine_sim)
     await engine.start()
     exits.push_async_callback(engine.stop)
@@ -94,7 +100,9 @@ async def start_fleet(
 ) -> Fleet:
     """An emulator per pool of `models` (pool -> the model it serves), a control plane and
     `gateways` gateways fronting them, in that order; `config(engine urls by pool, grpc_port)`
-    is called as start_stack calls its config."""
+    is called as start_stack calls its config (and given stream tokens as there)."""
+    tokens = StreamTokens.for_stack(exits)
+    config = _with_tokens(config, tokens)
     unknown = {pool: "http://127.0.0.1:1" for pool in models}
     engines = {}
     for pool, model in models.items():
@@ -114,3 +122,12 @@ async def start_fleet(
         exits.push_async_callback(gateway.stop)
         started.append(gateway)
     return Fleet(final, engines, control_plane, started)
+
+
+_Where = TypeVar("_Where")
+
+
+def _with_tokens(
+    config: Callable[[_Where, int], SlotshiftConfig], tokens: StreamTokens
+) -> Callable[[_Where, int], SlotshiftConfig]:
+    return lambda where, port: tokens.apply(config(where, port))

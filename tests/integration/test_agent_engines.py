@@ -25,6 +25,7 @@ from slotshift.config import EngineSimConfig, SlotshiftConfig, parse_config
 from slotshift.v1 import query_pb2, query_pb2_grpc
 from telemetry_agent.agent import TelemetryAgent
 from telemetry_agent.main import run
+from tests.stream_tokens import StreamTokens
 from tests.support import wait_until
 from tests.unit.telemetry_agent.fake_pynvml import FakeGpu, FakePynvml
 
@@ -93,10 +94,11 @@ async def node(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Node]:
             exits.push_async_callback(engine.stop)
             engines[pool] = engine
         urls = {pool: engine.url for pool, engine in engines.items()}
-        control_plane = ControlPlane(_config(urls, 0))
+        tokens = StreamTokens.for_stack(exits)
+        control_plane = ControlPlane(tokens.apply(_config(urls, 0)))
         await control_plane.start()
         exits.push_async_callback(control_plane.stop)
-        config = _config(urls, control_plane.grpc_port)
+        config = tokens.apply(_config(urls, control_plane.grpc_port))
         stop = asyncio.Event()
         agent = asyncio.create_task(run(config, stop, agent_id=AGENT_ID), name="agent-under-test")
 
@@ -191,12 +193,15 @@ async def test_a_pool_the_control_plane_refuses_cuts_no_other_pools_telemetry(
                 "controlplane": {"grpc_port": 0, "metrics_port": 0},
             }
         )
-        control_plane = ControlPlane(only_chat)
+        tokens = StreamTokens.for_stack(exits)
+        control_plane = ControlPlane(tokens.apply(only_chat))
         await control_plane.start()
         exits.push_async_callback(control_plane.stop)
-        agent_config = _config(
-            {"chat": engine.url, "code": engine.url.replace("127.0.0.1", "localhost")},
-            control_plane.grpc_port,
+        agent_config = tokens.apply(
+            _config(
+                {"chat": engine.url, "code": engine.url.replace("127.0.0.1", "localhost")},
+                control_plane.grpc_port,
+            )
         ).agent
         agent = TelemetryAgent(agent_config, agent_id=AGENT_ID)
         await agent.start()

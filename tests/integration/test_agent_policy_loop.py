@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -16,6 +17,7 @@ from controlplane.server import ControlPlane
 from engine_sim.server import EngineSim
 from slotshift.config import EngineSimConfig, parse_config
 from slotshift.v1 import query_pb2, query_pb2_grpc
+from tests.stream_tokens import StreamTokens
 from tests.support import wait_until
 
 DEADLINE_MS = 200.0
@@ -32,7 +34,7 @@ async def engine() -> AsyncIterator[EngineSim]:
 
 
 @pytest.fixture
-async def control_plane(engine: EngineSim) -> AsyncIterator[ControlPlane]:
+async def control_plane(engine: EngineSim, tmp_path: Path) -> AsyncIterator[ControlPlane]:
     config = parse_config(
         {
             "pools": [
@@ -52,7 +54,7 @@ async def control_plane(engine: EngineSim) -> AsyncIterator[ControlPlane]:
             "controlplane": {"grpc_port": 0, "metrics_port": 0},
         }
     )
-    server = ControlPlane(config)
+    server = ControlPlane(StreamTokens.write(tmp_path).apply(config))
     await server.start()
     try:
         yield server

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -14,11 +15,17 @@ from grpc_reflection.v1alpha import reflection_pb2
 from controlplane.server import ControlPlane
 from slotshift.config import parse_config
 from slotshift.v1 import query_pb2, query_pb2_grpc, telemetry_pb2, telemetry_pb2_grpc
+from tests.stream_tokens import StreamTokens
 from tests.support import wait_until
 
 
 @pytest.fixture
-async def control_plane() -> AsyncIterator[ControlPlane]:
+def tokens(tmp_path: Path) -> StreamTokens:
+    return StreamTokens.write(tmp_path / "stream-tokens")
+
+
+@pytest.fixture
+async def control_plane(tokens: StreamTokens) -> AsyncIterator[ControlPlane]:
     config = parse_config(
         {
             "pools": [
@@ -38,7 +45,7 @@ async def control_plane() -> AsyncIterator[ControlPlane]:
             "controlplane": {"grpc_port": 0, "metrics_port": 0},
         }
     )
-    server = ControlPlane(config)
+    server = ControlPlane(tokens.apply(config))
     await server.start()
     try:
         yield server
@@ -170,7 +177,7 @@ async def test_reflection_lists_services_in_both_versions(
 
 
 async def test_telemetry_reaches_the_decisions(
-    control_plane: ControlPlane, channel: grpc.aio.Channel
+    control_plane: ControlPlane, channel: grpc.aio.Channel, tokens: StreamTokens
 ) -> None:
     stub = telemetry_pb2_grpc.TelemetryServiceStub(channel)
     report = telemetry_pb2.TelemetryReport(
@@ -186,7 +193,7 @@ async def test_telemetry_reaches_the_decisions(
     async def reports() -> AsyncIterator[telemetry_pb2.TelemetryReport]:
         yield report
 
-    summary = await stub.StreamTelemetry(reports())
+    summary = await stub.StreamTelemetry(reports(), metadata=tokens.agent_metadata)
     assert summary.reports_received == 1
     queries = query_pb2_grpc.AllocationServiceStub(channel)
 
@@ -204,13 +211,15 @@ async def test_telemetry_reaches_the_decisions(
     assert telemetry.kv_cache_usage_perc == pytest.approx(0.4)
 
 
-async def test_telemetry_for_an_unknown_pool_is_refused(channel: grpc.aio.Channel) -> None:
+async def test_telemetry_for_an_unknown_pool_is_refused(
+    channel: grpc.aio.Channel, tokens: StreamTokens
+) -> None:
     stub = telemetry_pb2_grpc.TelemetryServiceStub(channel)
 
     async def reports() -> AsyncIterator[telemetry_pb2.TelemetryReport]:
         yield telemetry_pb2.TelemetryReport(pool="nope")
 
     with pytest.raises(grpc.aio.AioRpcError) as raised:
-        await stub.StreamTelemetry(reports())
+        await stub.StreamTelemetry(reports(), metadata=tokens.agent_metadata)
     assert raised.value.code() == grpc.StatusCode.NOT_FOUND
     assert (raised.value.details() or "").startswith("pool:")

@@ -37,6 +37,7 @@ from slotshift.config import PolicyName, SlotshiftConfig, parse_config
 from slotshift.v1 import admin_pb2, admin_pb2_grpc
 from telemetry_agent.agent import TelemetryAgent
 from tests.integration.stack import NoGpu
+from tests.stream_tokens import StreamTokens
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -147,14 +148,17 @@ async def _start_stack(exits: AsyncExitStack, policy: PolicyName, folder: Path) 
         traced.add_span_processor(SimpleSpanProcessor(exporter))
         return traced
 
-    base = _config("http://127.0.0.1:1", 0, policy, token_file, engine_key)
+    tokens = StreamTokens.write(folder / "stream-tokens")
+    base = tokens.apply(_config("http://127.0.0.1:1", 0, policy, token_file, engine_key))
     engine = EngineSim(base.engine_sim, tracer_provider=provider("engine-sim"))
     await engine.start()
     exits.push_async_callback(engine.stop)
     control_plane = ControlPlane(base, tracer_provider=provider("controlplane"))
     await control_plane.start()
     exits.push_async_callback(control_plane.stop)
-    config = _config(engine.url, control_plane.grpc_port, policy, token_file, engine_key)
+    config = tokens.apply(
+        _config(engine.url, control_plane.grpc_port, policy, token_file, engine_key)
+    )
     agent = TelemetryAgent(config.agent, gpu_reader=NoGpu(), tracer_provider=provider("agent"))
     await agent.start()
     exits.push_async_callback(agent.stop)

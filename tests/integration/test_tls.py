@@ -52,6 +52,7 @@ from telemetry_agent.engine_scraper import EngineScraper
 from tests.grpcurl import grpcurl_binary
 from tests.integration.stack import NoGpu
 from tests.pki import TestPki, make_pki
+from tests.stream_tokens import StreamTokens
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -143,8 +144,17 @@ class MutualTlsControlPlane:
 
 
 @pytest.fixture
-async def mutual_tls_control_plane(pki: TestPki) -> AsyncIterator[MutualTlsControlPlane]:
-    control_plane = ControlPlane(_config(controlplane_tls=_server_tls(pki, mutual=True)))
+def tokens(tmp_path: Path) -> StreamTokens:
+    return StreamTokens.write(tmp_path / "stream-tokens")
+
+
+@pytest.fixture
+async def mutual_tls_control_plane(
+    pki: TestPki, tokens: StreamTokens
+) -> AsyncIterator[MutualTlsControlPlane]:
+    control_plane = ControlPlane(
+        tokens.apply(_config(controlplane_tls=_server_tls(pki, mutual=True)))
+    )
     await control_plane.start()
     try:
         yield MutualTlsControlPlane(control_plane, pki)
@@ -156,19 +166,25 @@ def _trusting(ca_cert: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(ca_cert))
 
 
-async def test_mutual_tls_on_every_hop_and_https_on_the_gateway(pki: TestPki) -> None:
+async def test_mutual_tls_on_every_hop_and_https_on_the_gateway(
+    pki: TestPki, tokens: StreamTokens
+) -> None:
     async with AsyncExitStack() as exits:
         engine = EngineSim(_config().engine_sim)
         await engine.start()
         exits.push_async_callback(engine.stop)
-        control_plane = ControlPlane(_config(controlplane_tls=_server_tls(pki, mutual=True)))
+        control_plane = ControlPlane(
+            tokens.apply(_config(controlplane_tls=_server_tls(pki, mutual=True)))
+        )
         await control_plane.start()
         exits.push_async_callback(control_plane.stop)
-        config = _config(
-            engine_url=engine.url,
-            grpc_port=control_plane.grpc_port,
-            client_tls=_client_tls(pki),
-            gateway_tls=_server_tls(pki, mutual=False),
+        config = tokens.apply(
+            _config(
+                engine_url=engine.url,
+                grpc_port=control_plane.grpc_port,
+                client_tls=_client_tls(pki),
+                gateway_tls=_server_tls(pki, mutual=False),
+            )
         )
         agent = TelemetryAgent(config.agent, gpu_reader=NoGpu())
         await agent.start()
@@ -284,8 +300,10 @@ async def _grpcurl(*args: str) -> tuple[int, str]:
     return process.returncode, output.decode()
 
 
-async def test_grpcurl_lists_the_services_over_tls(pki: TestPki) -> None:
-    control_plane = ControlPlane(_config(controlplane_tls=_server_tls(pki, mutual=False)))
+async def test_grpcurl_lists_the_services_over_tls(pki: TestPki, tokens: StreamTokens) -> None:
+    control_plane = ControlPlane(
+        tokens.apply(_config(controlplane_tls=_server_tls(pki, mutual=False)))
+    )
     await control_plane.start()
     try:
         target = f"127.0.0.1:{control_plane.grpc_port}"

@@ -31,6 +31,7 @@ from engine_sim.server import EngineSim
 from slotshift.config import SlotshiftConfig, parse_config
 from telemetry_agent.agent import TelemetryAgent
 from tests.integration.stack import NoGpu
+from tests.stream_tokens import StreamTokens
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -103,14 +104,15 @@ async def stack() -> AsyncIterator[Stack]:
         for name in ("controlplane", "gateway-0", "gateway-1", "agent", "engine-sim")
     }
     async with AsyncExitStack() as exits:
-        base = _config("http://127.0.0.1:1", 0)
+        tokens = StreamTokens.for_stack(exits)
+        base = tokens.apply(_config("http://127.0.0.1:1", 0))
         engine = EngineSim(base.engine_sim, tracer_provider=traced["engine-sim"].provider)
         await engine.start()
         exits.push_async_callback(engine.stop)
         control_plane = ControlPlane(base, tracer_provider=traced["controlplane"].provider)
         await control_plane.start()
         exits.push_async_callback(control_plane.stop)
-        config = _config(engine.url, control_plane.grpc_port)
+        config = tokens.apply(_config(engine.url, control_plane.grpc_port))
         agent = TelemetryAgent(
             config.agent, gpu_reader=NoGpu(), tracer_provider=traced["agent"].provider
         )

@@ -8,7 +8,16 @@ from pathlib import Path
 
 from slotshift.config import apply_overrides, load_config, parse_config
 from slotshift.config.state_store import DEFAULT_SQLITE_NAME
-from slotshift_tools.local_stack import HOST, StackPorts, _engine_key_settings, write_config
+from slotshift_tools.local_stack import (
+    HOST,
+    STREAM_TOKENS_FOLDER,
+    StackPorts,
+    StreamTokenFiles,
+    _engine_key_settings,
+    needs_stream_tokens,
+    stream_tokens_folder,
+    write_config,
+)
 from tests.support import TEST_TENANT_KEYS
 
 CONFIG = parse_config(
@@ -78,3 +87,39 @@ def test_an_emulator_the_stack_starts_requires_the_key_its_pool_sends() -> None:
     # The emulator's own key file, where set, says which keys it takes.
     assert _engine_key_settings(keyed, "/run/other-keys") == []
     assert _engine_key_settings(CONFIG.pools[0], None) == []
+
+
+def test_a_stack_without_stream_credentials_generates_tokens_once(tmp_path: Path) -> None:
+    files = StreamTokenFiles.ensure(tmp_path / "tokens")
+    gateway, agent = files.gateway.read_text(), files.agent.read_text()
+    assert gateway.strip() and agent.strip() and gateway != agent
+    assert files.gateway.stat().st_mode & 0o777 == 0o600
+    # Started again, the stack keeps its tokens (a restarted child still matches the others).
+    again = StreamTokenFiles.ensure(tmp_path / "tokens")
+    assert (again.gateway.read_text(), again.agent.read_text()) == (gateway, agent)
+    # Another stack gets tokens of its own.
+    other = StreamTokenFiles.ensure(tmp_path / "other")
+    assert other.gateway.read_text() != gateway
+
+    config = CONFIG
+    assert needs_stream_tokens(config)
+    secured = apply_overrides(config, files.settings())
+    assert not needs_stream_tokens(secured)
+    auth = secured.controlplane.stream_auth
+    assert auth.gateway_token_file == secured.gateway.controlplane_token_file == str(files.gateway)
+    assert auth.agent_token_file == secured.agent.controlplane_token_file == str(files.agent)
+    insecure = apply_overrides(
+        config, {"controlplane.stream_auth.insecure_allow_unauthenticated": True}
+    )
+    assert not needs_stream_tokens(insecure)
+
+
+def test_the_generated_tokens_live_beside_the_stacks_state(tmp_path: Path) -> None:
+    config_file = tmp_path / "conf" / "slotshift.yaml"
+    write_config(config_file, CONFIG)
+    loaded = load_config(config_file)
+    assert stream_tokens_folder(loaded, config_file) == config_file.parent / STREAM_TOKENS_FOLDER
+    elsewhere = apply_overrides(
+        loaded, {"controlplane.state_store.sqlite_file": str(tmp_path / "state" / "s.sqlite3")}
+    )
+    assert stream_tokens_folder(elsewhere, config_file) == tmp_path / "state" / STREAM_TOKENS_FOLDER
