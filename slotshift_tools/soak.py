@@ -45,7 +45,12 @@ from matplotlib.figure import Figure
 from slotshift.aiotasks import Supervisor
 from slotshift.config import SlotshiftConfig, apply_overrides, load_config, reveal
 from slotshift_tools.engine_probe import served_model
-from slotshift_tools.local_stack import LocalStack, StackPorts, write_config
+from slotshift_tools.local_stack import (
+    LocalStack,
+    StackPorts,
+    generated_tenant_keys,
+    write_config,
+)
 from slotshift_tools.metrics_scrape import Samples, scrape_samples, summed
 
 logger = logging.getLogger(__name__)
@@ -515,6 +520,11 @@ async def run_soak(
     await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
     ports = StackPorts.free(gateways=2)
     config = soak_config(config, ports)
+    keys = config.tenant_keys
+    if not (keys.key_digest_secret_file or keys.key_digest_secret or keys.unkeyed_key_digests):
+        # A config built in code: the file the services read must name a secret.
+        section = await asyncio.to_thread(generated_tenant_keys, out_dir)
+        config = apply_overrides(config, {f"tenant_keys.{k}": v for k, v in section.items()})
     config_path = out_dir / "slotshift.yaml"
     await asyncio.to_thread(write_config, config_path, config)
     pool = config.pools[0]

@@ -21,7 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.stream_tokens import StreamTokens
-from tests.support import wait_until_sync
+from tests.support import TEST_TENANT_KEYS, wait_until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,12 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 class ServiceProcesses:
     """Named service processes sharing one config file; every one is stopped at close(). The
     streams are authenticated with fresh tokens in `directory` (`stream_tokens`) unless the
-    config sets its own controlplane.stream_auth."""
+    config sets its own controlplane.stream_auth, and tenants' keys are digested with the tests'
+    secret unless it sets its own tenant_keys."""
 
     def __init__(self, directory: Path, config: dict[str, Any]) -> None:
         self.directory = directory
         self.config_path = directory / "slotshift.yaml"
         self.stream_tokens = StreamTokens.write(directory / "stream-tokens")
+        config = {"tenant_keys": TEST_TENANT_KEYS, **config}
         self.config_path.write_text(yaml.safe_dump(self.stream_tokens.add_to(config)))
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
 
