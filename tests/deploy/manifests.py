@@ -22,6 +22,8 @@ KUBERNETES_DIR = Path(__file__).parents[2] / "deploy" / "kubernetes"
 NAMESPACE = "slotshift"
 SLOTSHIFT_IMAGE = "slotshift"
 WORKLOAD_KINDS = ("Deployment", "DaemonSet", "StatefulSet")
+# What cert-manager writes into a Certificate's Secret (kubernetes.io/tls, with the CA).
+CERT_MANAGER_SECRET_KEYS = ("tls.crt", "tls.key", "ca.crt")
 # The kubelet's variable references in command and args: `$(NAME)`, and `$$` for a literal `$`.
 _VARIABLE_REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 _LABEL_FIELD = re.compile(r"metadata\.labels\['([^']+)'\]")
@@ -129,6 +131,23 @@ class Manifests:
                 files[root / relative] = content
         return files
 
+    def secret_data(self, name: str) -> dict[str, bytes]:
+        """The Secret's keys and values; for a Secret that a cert-manager Certificate of the
+        render writes (not rendered itself), its keys with a placeholder naming the Certificate."""
+        rendered = [o for o in self.of_kind("Secret") if o["metadata"]["name"] == name]
+        if rendered:
+            return {key: base64.b64decode(v) for key, v in self.one("Secret", name)["data"].items()}
+        writers = [
+            c["metadata"]["name"]
+            for c in self.of_kind("Certificate")
+            if c["apiVersion"].startswith("cert-manager.io/") and c["spec"]["secretName"] == name
+        ]
+        assert len(writers) == 1, f"expected one Secret {name} or Certificate writing it"
+        return {
+            key: f"<{key} of cert-manager Certificate {writers[0]}>".encode()
+            for key in CERT_MANAGER_SECRET_KEYS
+        }
+
     def _volume_contents(self, volume: Obj) -> dict[str, bytes]:
         if "configMap" in volume:
             source = volume["configMap"]
@@ -138,10 +157,7 @@ class Manifests:
             }
         elif "secret" in volume:
             source = volume["secret"]
-            data = {
-                key: base64.b64decode(value)
-                for key, value in self.one("Secret", source["secretName"])["data"].items()
-            }
+            data = self.secret_data(source["secretName"])
         else:
             return {}
         if "items" not in source:

@@ -21,6 +21,7 @@ import yaml
 from slotshift.config import SlotshiftConfig, apply_overrides, parse_config, parse_overrides
 from slotshift_tools.cli import build_parser, load
 from tests.deploy import listeners
+from tests.deploy.certificates import health_probe_args
 from tests.deploy.manifests import (
     KUBERNETES_DIR,
     Manifests,
@@ -164,6 +165,12 @@ def test_probes_hit_ports_and_paths_the_services_serve(overlay: Manifests) -> No
             if "grpc" in probe:
                 assert probe["grpc"]["port"] in listeners.grpc_ports(command, config), command
                 continue
+            if "exec" in probe:
+                # The gRPC health check over mutual TLS, from inside the pod.
+                host, _, port_text = health_probe_args(probe).address.rpartition(":")
+                assert host == "127.0.0.1", command
+                assert int(port_text) in listeners.grpc_ports(command, config), command
+                continue
             port = container_port(container, probe["httpGet"]["port"])
             assert probe["httpGet"]["path"] in served[port] - listeners.OPENAI_PATHS, (
                 f"{command}: probe {probe['httpGet']} is not a health endpoint it serves"
@@ -178,15 +185,15 @@ def test_the_probes_are_grpc_health_for_the_control_plane_and_http_for_the_gatew
     _, gateway = overlay.workload_running("gateway")
 
     workload, _ = overlay.workload_running("controlplane")
-    port = config.controlplane.grpc_port
-    assert controlplane["livenessProbe"]["grpc"] == {"port": port}
+    address = f"127.0.0.1:{config.controlplane.grpc_port}"
+    # Exec probes (the kubelet's gRPC probe cannot do mutual TLS): tests/deploy/test_kubernetes_tls.py
+    # checks their certificates.
+    liveness = health_probe_args(controlplane["livenessProbe"])
+    readiness = health_probe_args(controlplane["readinessProbe"])
+    assert (liveness.address, liveness.service) == (address, "")
     # With several replicas only the leader is ready: it alone serves the gateways' stream.
-    readiness = (
-        {"port": port}
-        if workload["spec"]["replicas"] == 1
-        else {"port": port, "service": "slotshift.v1.GatewayService"}
-    )
-    assert controlplane["readinessProbe"]["grpc"] == readiness
+    service = "" if workload["spec"]["replicas"] == 1 else "slotshift.v1.GatewayService"
+    assert (readiness.address, readiness.service) == (address, service)
     assert gateway["livenessProbe"]["httpGet"]["path"] == "/health"
     assert gateway["readinessProbe"]["httpGet"]["path"] == "/ready"
 
