@@ -33,6 +33,7 @@ from controlplane.runtime import PoolRuntime
 from controlplane.service.admin_service import PoolAdminService
 from controlplane.service.gateway_service import GatewayStreamService
 from controlplane.service.query_service import AllocationQueryService
+from controlplane.service.read_auth import ReadGate, load_read_tokens
 from controlplane.service.stream_guard import StreamGuard, load_stream_credentials
 from controlplane.service.telemetry_service import TelemetryIngestService
 from controlplane.state_keeper import StateKeeper
@@ -241,7 +242,13 @@ class ControlPlane:
 
     async def _serve(self, keeper: StateKeeper) -> None:
         settings = self.config.controlplane
-        server = grpc.aio.server(interceptors=[LeaderGate(lambda: self._leading)])
+        admin_token = await asyncio.to_thread(_read_admin_token, settings.admin_token_file)
+        read_tokens = await asyncio.to_thread(
+            load_read_tokens, settings.query_token_file, admin_token
+        )
+        server = grpc.aio.server(
+            interceptors=[ReadGate(read_tokens), LeaderGate(lambda: self._leading)]
+        )
         query_pb2_grpc.add_AllocationServiceServicer_to_server(
             AllocationQueryService(self.pools, history=keeper.history), server
         )
@@ -256,7 +263,6 @@ class ControlPlane:
             ),
             server,
         )
-        admin_token = await asyncio.to_thread(_read_admin_token, settings.admin_token_file)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             PoolAdminService(
                 self.runtimes,
