@@ -24,7 +24,8 @@ async def run(
     gateway_id: str | None = None,
     port: int | None = None,
 ) -> None:
-    """Serve until `stop` is set, then drain and shut down.
+    """Serve until `stop` is set, then drain and shut down. ConfigError, before it serves, when
+    a file the config names cannot be read (the CLI says it in one line and exits with 2).
 
     gateway_id: this gateway's name towards the control plane (default: host name and port).
     port: overrides config.gateway.port (0 picks a free one).

@@ -49,7 +49,7 @@ class LeaderGate(grpc.aio.ServerInterceptor):  # type: ignore[type-arg]  # not g
         method: str = handler_call_details.method
         if handler is None or self._leading() or not _leader_only(method):
             return handler
-        return _refusing(handler)
+        return refusing(handler, grpc.StatusCode.UNAVAILABLE, REFUSAL)
 
 
 def _leader_only(method: str) -> bool:
@@ -59,11 +59,15 @@ def _leader_only(method: str) -> bool:
     return service in LEADER_SERVICES
 
 
-def _refusing(handler: grpc.RpcMethodHandler[Any, Any]) -> grpc.RpcMethodHandler[Any, Any]:
-    """A handler of the same shape as `handler` that refuses the call."""
+def refusing(
+    handler: grpc.RpcMethodHandler[Any, Any], code: grpc.StatusCode, details: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same shape as `handler` (unary or streaming, the same serializers) that
+    refuses every call with `code` and `details`, before the servicer sees it (what a server
+    interceptor returns in place of the call's handler)."""
 
     async def refuse(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, REFUSAL)
+        await context.abort(code, details)
 
     serializers = {
         "request_deserializer": handler.request_deserializer,

@@ -28,7 +28,9 @@ SERVICE_NAME = "slotshift-controlplane"
 
 async def run(config: SlotshiftConfig, stop: asyncio.Event) -> None:
     """Run the control plane until `stop` is set; SystemExit(DEPOSED_EXIT_STATUS) once stopped
-    if its replica lost the leader lease first."""
+    if its replica lost the leader lease first. ConfigError, before it serves, when the config
+    cannot be run (no stream credentials, a token file unreadable: ControlPlane.start); the CLI
+    says it in one line and exits with status 2."""
     gc.set_threshold(*GC_THRESHOLD)
     tracing = tracing_from_environment(SERVICE_NAME)
     try:

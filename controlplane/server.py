@@ -33,6 +33,7 @@ from controlplane.runtime import PoolRuntime
 from controlplane.service.admin_service import PoolAdminService
 from controlplane.service.gateway_service import GatewayStreamService
 from controlplane.service.query_service import AllocationQueryService
+from controlplane.service.read_auth import BearerTokens, ReadGate, load_read_tokens
 from controlplane.service.stream_guard import StreamGuard, load_stream_credentials
 from controlplane.service.telemetry_service import TelemetryIngestService
 from controlplane.state_keeper import StateKeeper
@@ -142,6 +143,9 @@ class ControlPlane:
         # `aio` is set only when grpc.aio imports, so the stubs do not declare it.
         self._health = health.aio.HealthServicer()  # type: ignore[attr-defined]
         self._server: grpc.aio.Server | None = None
+        self._admin_token: str | None = None
+        self._read_tokens: BearerTokens | None = None
+        """What the read-only calls accept (ReadGate); None: they are open."""
         self._metrics_runner: web.AppRunner | None = None
         self.grpc_port = 0
         self.metrics_port = 0
@@ -150,9 +154,15 @@ class ControlPlane:
         """Open the state store and restore the pools (nothing serves before), then serve:
         gRPC, /metrics, the decision loops. A start that fails stops what it started (the
         store closed too) and raises; ConfigError, before anything is opened, when the streams
-        have no credentials (controlplane.stream_auth) or their token files cannot be read."""
+        have no credentials (controlplane.stream_auth) or a token file (the streams', the
+        admin's, the queries') cannot be read."""
+        settings = self.config.controlplane
         self._stream_guard.load(
-            await asyncio.to_thread(load_stream_credentials, self.config.controlplane.stream_auth)
+            await asyncio.to_thread(load_stream_credentials, settings.stream_auth)
+        )
+        self._admin_token = await asyncio.to_thread(_read_admin_token, settings.admin_token_file)
+        self._read_tokens = await asyncio.to_thread(
+            load_read_tokens, settings.query_token_file, self._admin_token
         )
         if not self._digester.is_keyed:
             logger.warning(
@@ -241,7 +251,9 @@ class ControlPlane:
 
     async def _serve(self, keeper: StateKeeper) -> None:
         settings = self.config.controlplane
-        server = grpc.aio.server(interceptors=[LeaderGate(lambda: self._leading)])
+        server = grpc.aio.server(
+            interceptors=[ReadGate(self._read_tokens), LeaderGate(lambda: self._leading)]
+        )
         query_pb2_grpc.add_AllocationServiceServicer_to_server(
             AllocationQueryService(self.pools, history=keeper.history), server
         )
@@ -256,11 +268,10 @@ class ControlPlane:
             ),
             server,
         )
-        admin_token = await asyncio.to_thread(_read_admin_token, settings.admin_token_file)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(
             PoolAdminService(
                 self.runtimes,
-                admin_token=admin_token,
+                admin_token=self._admin_token,
                 key_digester=self._digester,
                 record=keeper.record_change,
                 file_pools={pool.name: pool for pool in self.config.pools},

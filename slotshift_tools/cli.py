@@ -263,6 +263,10 @@ def load(args: argparse.Namespace) -> SlotshiftConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command `argv` names (default: the process's arguments); its exit status. A
+    config the loader refuses, or that a service refuses as it starts (ConfigError), is said in
+    one line on stderr, status 2; a service that exits on its own (the control plane's
+    DEPOSED_EXIT_STATUS) raises SystemExit with its status."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench-fidelity"]:
         # The fidelity benchmark has its own flags (--profile, --duration-s, --out, ...).
@@ -315,7 +319,13 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
     run, identity = _service(args)
-    asyncio.run(_serve(run, config, identity))
+    try:
+        asyncio.run(_serve(run, config, identity))
+    except ConfigError as exc:
+        # A setting a service can check only as it starts (a secret's file, the streams'
+        # credentials) is the operator's to fix, as one the loader refused: one line, status 2.
+        print(f"slotshift {args.command}: invalid configuration: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -174,14 +174,17 @@ class TelemetryAgent:
         return self._engine(pool).stream.connected
 
     async def start(self) -> None:
-        """Open the HTTP endpoint, then start sampling and streaming, two tasks per engine."""
+        """Open the HTTP endpoint, then start sampling and streaming, two tasks per engine.
+        A start that fails (OSError: the port; ConfigError: the metrics token's file) closes
+        what it opened and raises."""
         for engine in self._engines:
             await engine.stream.load_credentials()
         for engine in self._engines:
             await engine.scraper.open()
         try:
             await self._http.start()
-        except OSError:
+        except BaseException:
+            # The scrapers' HTTP sessions are open: a failed start must not leave them behind.
             await self._close_scrapers()
             raise
         self._serving = True

@@ -19,7 +19,8 @@ async def run(config: SlotshiftConfig, stop: asyncio.Event, *, agent_id: str | N
     """Run the agent of config.agent until `stop` is set, then shut it down in order.
 
     agent_id overrides config.agent.agent_id (and the host name it defaults to). ConfigError,
-    before anything starts, when an engine's pool is not a configured pool.
+    before anything starts, when an engine's pool is not a configured pool, and as it starts
+    when a file the config names cannot be read (the CLI says it in one line and exits with 2).
     """
     known = [pool.name for pool in config.pools]
     unknown = [e.pool for e in config.agent.watched_engines if e.pool not in known]

@@ -17,7 +17,9 @@ down) leaves some pools changed; calling it again finishes it (pools already as 
 as they are).
 
 Mutating RPCs need the admin token as `authorization: Bearer TOKEN` metadata, compared in
-constant time; with no token configured they are refused. API keys in requests are digested at
+constant time (controlplane/service/read_auth.py); with no token configured they are refused.
+GetPoolConfig is a read: open, or behind the query tokens (`controlplane.query_token_file`,
+checked by ReadGate before the call reaches this service). API keys in requests are digested at
 once (`key_digester`, slotshift/keys.py) and never logged, traced or returned; only key ids are.
 """
 
@@ -25,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol
@@ -47,10 +48,11 @@ from controlplane.pool_state import PoolState
 from controlplane.runtime import PoolRuntime
 from controlplane.service import convert
 from controlplane.service.lookup import find_pool
+from controlplane.service.read_auth import BearerTokens
 from controlplane.store.base import ChangeConflict, StoreError
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import PoolConfig
-from slotshift.keys import BearerError, KeyDigester, bearer_token, key_digest
+from slotshift.keys import KeyDigester
 from slotshift.v1 import admin_pb2, admin_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -87,7 +89,7 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         clock: Clock | None = None,
     ) -> None:
         self._runtimes = runtimes
-        self._token_digest = None if admin_token is None else key_digest(admin_token)
+        self._admin_tokens = None if admin_token is None else BearerTokens([admin_token])
         self._digester = key_digester
         self._record = record
         self._file_pools = (
@@ -413,19 +415,14 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         return await self._runtime(pool, context)
 
     async def _authorize(self, context: _Context) -> None:
-        if self._token_digest is None:
+        if self._admin_tokens is None:
             await context.abort(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "the admin API is off: no admin token is configured (put one in a file and set "
                 "controlplane.admin_token_file to its path)",
             )
             return
-        presented = ""
-        for key, value in context.invocation_metadata() or ():
-            if key.lower() == "authorization" and isinstance(value, str):
-                with contextlib.suppress(BearerError):
-                    presented = bearer_token(value)
-        if not hmac.compare_digest(key_digest(presented), self._token_digest):
+        if not self._admin_tokens.admits(context.invocation_metadata()):
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
                 "authorization: send the admin token as 'authorization: Bearer TOKEN' metadata",

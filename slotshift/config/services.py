@@ -69,6 +69,16 @@ class ControlPlaneConfig(ConfigModel):
     A relative path is relative to the config file's folder. Unset: the admin API refuses every
     change."""
 
+    query_token_file: str | None = None
+    """A file of the tokens the read-only gRPC calls accept (every AllocationService query, and
+    AdminService.GetPoolConfig), one per line (blank lines and `#` comments skipped; two during
+    a rotation), such as a mounted Kubernetes Secret: those calls then need `authorization:
+    Bearer TOKEN` with one of them or the admin token (an admin may read), else UNAUTHENTICATED.
+    gRPC health and reflection stay open (probes, `grpcurl list`). Relative to the config
+    file's folder. Unset: the queries answer anyone who reaches the gRPC port, and tell them the
+    pools, tenant names, limits, demand and queues, tenant settings, decision reasons and key
+    ids (never a key, nor a key's digest)."""
+
     replica_id: str = ""
     """This replica's name in the leader lease (controlplane/leadership.py): unique among the
     replicas sharing a state store, and the same across restarts of one replica (a replica

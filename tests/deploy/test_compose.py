@@ -297,10 +297,25 @@ def test_each_role_gets_its_own_stream_token_and_the_control_plane_both(
         assert {PurePosixPath(p).name for p in named if p is not None} == secrets, name
 
 
-def test_only_the_control_plane_gets_the_admin_token(compose: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    ("secret", "field"),
+    [("admin-token", "admin_token_file"), ("query-token", "query_token_file")],
+    ids=["admin-token", "query-token"],
+)
+def test_only_the_control_plane_gets_its_api_tokens_and_reads_them(
+    compose: dict[str, Any], secret: str, field: str
+) -> None:
     for name, service in _slotshift_services(compose):
-        has_token = "admin-token" in service.get("secrets", [])
+        has_token = secret in service.get("secrets", [])
         assert has_token == (service["command"][0] == "controlplane"), name
+        if not has_token:
+            continue
+        named = getattr(_config(compose, service).controlplane, field)
+        assert named is not None, f"{name}: {field} is not set"
+        files = _files_seen_by(compose, service)
+        path = PurePosixPath(named)
+        assert path == PurePosixPath("/run/secrets") / secret, f"{name}: {field} is {path}"
+        assert files[path].read_text().strip(), f"{path} holds no token"
 
 
 def test_services_run_unprivileged_on_a_read_only_root(compose: dict[str, Any]) -> None:

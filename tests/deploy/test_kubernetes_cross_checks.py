@@ -399,15 +399,35 @@ def _secret_behind(workload: Obj, container: Obj, path: PurePosixPath) -> str:
     raise AssertionError(f"{path} is under no mount")
 
 
-def test_only_the_control_plane_sees_the_admin_token(overlay: Manifests) -> None:
-    (secret,) = [s for s in overlay.of_kind("Secret") if "admin-token" in s["data"]]
+@pytest.mark.parametrize(
+    ("key", "field"),
+    [("admin-token", "admin_token_file"), ("query-token", "query_token_file")],
+    ids=["admin-token", "query-token"],
+)
+def test_only_the_control_plane_sees_its_api_tokens_and_reads_them(
+    overlay: Manifests, key: str, field: str
+) -> None:
+    """The admin token and the queries' token: the control plane's config names each as a file
+    of the Secret slotshift-secrets it mounts; no other container can read either."""
+    (secret,) = [s for s in overlay.of_kind("Secret") if key in s["data"]]
     assert secret["metadata"]["name"].startswith("slotshift-secrets")
 
+    readers = []
     for workload, container in overlay.slotshift_containers():
-        names = {path.name for path in overlay.files_seen_by(workload, container)}
-        assert ("admin-token" in names) == (container["args"][0] == "controlplane"), workload[
-            "metadata"
-        ]["name"]
+        files = overlay.files_seen_by(workload, container)
+        names = {path.name for path in files}
+        is_control_plane = container["args"][0] == "controlplane"
+        assert (key in names) == is_control_plane, workload["metadata"]["name"]
+        if not is_control_plane:
+            continue
+        readers.append(workload["metadata"]["name"])
+        named = getattr(_effective_config(overlay, workload, container).controlplane, field)
+        assert named is not None, f"{field} is not set: the control plane would not ask for it"
+        path = PurePosixPath(named)
+        assert path in files, f"{container['name']}: {path} is not mounted"
+        assert _secret_behind(workload, container, path) == secret["metadata"]["name"]
+        assert files[path].decode().strip(), f"{path} holds no token"
+    assert readers, "no control plane"
 
 
 @pytest.mark.parametrize("image", ["slotshift", "all-in-one"], ids=["slotshift", "jaeger"])
