@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import signal
 
 from controlplane.server import ControlPlane
-from slotshift.config import SlotshiftConfig
+from slotshift.config import ConfigSource, SlotshiftConfig
 from slotshift.tracing import tracing_from_environment
 
 GC_THRESHOLD = (10_000, 20, 20)
@@ -26,19 +27,27 @@ SERVICE_NAME = "slotshift-controlplane"
 """The service name its spans carry unless OTEL_SERVICE_NAME says otherwise."""
 
 
-async def run(config: SlotshiftConfig, stop: asyncio.Event) -> None:
+async def run(
+    config: SlotshiftConfig, stop: asyncio.Event, *, source: ConfigSource | None = None
+) -> None:
     """Run the control plane until `stop` is set; SystemExit(DEPOSED_EXIT_STATUS) once stopped
-    if its replica lost the leader lease first. ConfigError, before it serves, when the config
-    cannot be run (no stream credentials, a token file unreadable: ControlPlane.start); the CLI
-    says it in one line and exits with status 2."""
+    if its replica lost the leader lease first. With the `source` `config` was read from,
+    SIGHUP reloads it (controlplane/config_reload.py) while it runs. ConfigError, before it
+    serves, when the config cannot be run (no stream credentials, a token file unreadable:
+    ControlPlane.start); the CLI says it in one line and exits with status 2."""
     gc.set_threshold(*GC_THRESHOLD)
     tracing = tracing_from_environment(SERVICE_NAME)
     try:
-        control_plane = ControlPlane(config, tracer_provider=tracing.provider)
+        control_plane = ControlPlane(config, tracer_provider=tracing.provider, source=source)
         await control_plane.start()
+        loop = asyncio.get_running_loop()
+        if source is not None:
+            loop.add_signal_handler(signal.SIGHUP, control_plane.request_reload)
         try:
             await _first_of(stop, control_plane.deposed)
         finally:
+            if source is not None:
+                loop.remove_signal_handler(signal.SIGHUP)
             await control_plane.stop()
     finally:
         await tracing.shutdown()

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from controlplane.core.reload import RELOAD_RESULTS, ReloadResult
 from controlplane.core.reserves import reserves_in_force
 from controlplane.core.stream_identity import RejectionCode, StreamRole
 from controlplane.decision_log import DecisionRecord
@@ -65,6 +66,16 @@ class ControlPlaneMetrics:
         for role in StreamRole:
             for code in RejectionCode:
                 self.stream_rejections.labels(role=role.value, code=code.value)
+        self.config_reloads = Counter(
+            "slotshift_controlplane_config_reloads_total",
+            "Reloads of the config file (SIGHUP, or a change the watch saw), by result: applied, "
+            "unchanged, invalid and needs_restart (refused: the running config kept), "
+            "store_error (the state store failed part-way).",
+            ["result"],
+            registry=self.registry,
+        )
+        for result in RELOAD_RESULTS:
+            self.config_reloads.labels(result=result)
         self.registry.register(_PoolStateCollector(pools))
         self._push_latency_of: dict[str, Histogram] = {}
         """pool -> its child of `push_latency`: an acknowledgement comes with every update, and
@@ -88,6 +99,10 @@ class ControlPlaneMetrics:
     def observe_stream_rejection(self, role: StreamRole, code: RejectionCode) -> None:
         """Count one refused stream."""
         self.stream_rejections.labels(role=role.value, code=code.value).inc()
+
+    def observe_config_reload(self, result: ReloadResult) -> None:
+        """Count one reload of the config file by its result."""
+        self.config_reloads.labels(result=result).inc()
 
     def observe_telemetry(self, pool: str) -> None:
         self.telemetry_reports.labels(pool).inc()

@@ -5,7 +5,9 @@ go-control-plane's roles, per pool: the decision loop and the re-grants produce 
 (PoolState versions them), the gateway stream service delivers them (controlplane/core/push.py
 says what each gateway's update carries and when). An admin change goes to `change_config`,
 which swaps the state's config and the loop's policy together and decides at once; a change of a
-tenant's keys alone goes to `change_keys`, which leaves the allocation as it is.
+tenant's keys alone goes to `change_keys`, which leaves the allocation as it is. A reloaded
+config file (controlplane/config_reload.py) takes the same two ways; both callers hold
+`changing`.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class PoolRuntime:
             advisor=self._advisor,
         )
         self._regrant_wanted = asyncio.Event()
+        self.changing = asyncio.Lock()
+        """Held while the pool's config changes (an admin change, a config reload): each change
+        is built on the config the one before made, and stored under the version after it."""
 
     @property
     def name(self) -> str:

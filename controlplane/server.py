@@ -9,11 +9,15 @@ health, reports NOT_SERVING for the leader's services and refuses their calls
 (controlplane/leader_gate.py). A leader that loses its lease stops publishing and drops its
 streams at once, and `deposed` is set: `slotshift controlplane` then exits (status
 DEPOSED_EXIT_STATUS, controlplane/main.py) to come back as a fresh follower.
+
+Given the source its config was read from, it reloads the file on `reload_config` (SIGHUP,
+controlplane/main.py) and when the file changes (controlplane/config_reload.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 
@@ -23,6 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from opentelemetry import trace
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from controlplane.config_reload import ConfigReloader, ReloadOutcome
 from controlplane.decision_loop import DecisionObserver
 from controlplane.leader_gate import LEADER_SERVICES, LeaderGate
 from controlplane.leadership import LeaderElection
@@ -41,7 +46,14 @@ from controlplane.store.base import StateStore
 from controlplane.store.opening import store_from_config
 from slotshift.aiotasks import Supervisor
 from slotshift.clock import Clock, SystemClock
-from slotshift.config import ConfigError, SlotshiftConfig, key_digester, read_secret_text
+from slotshift.config import (
+    ConfigError,
+    ConfigSource,
+    PoolConfig,
+    SlotshiftConfig,
+    key_digester,
+    read_secret_text,
+)
 from slotshift.keys import bearer_matches
 from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
 from slotshift.tls import load_server_credentials
@@ -75,6 +87,9 @@ class ControlPlane:
     controlplane.state_store names. Either is opened by start() and closed by stop().
     decision_observers: called with every decision of every pool, after the metrics (the
     deterministic twin keeps its run's decisions so).
+    source: where `config` was read from (`ConfigSource.load()` gave it); with it the control
+    plane reloads the file (`reload_config`, and the watch: controlplane.config_reload_interval_s).
+    None: a config built in code, never reloaded.
 
     Everything is built here from the config, nothing started: `start` opens the servers and
     spawns each pool's decision loop and re-grants. The twin (slotshift_tools/twin) runs these
@@ -90,8 +105,12 @@ class ControlPlane:
         tracer_provider: trace.TracerProvider | None = None,
         state_store: StateStore | None = None,
         decision_observers: list[DecisionObserver] | None = None,
+        source: ConfigSource | None = None,
     ) -> None:
-        self.config = config
+        self._config = config
+        self._file_pools: dict[str, PoolConfig] = {pool.name: pool for pool in config.pools}
+        """pool -> the pool as the config file says it: the base the stored admin changes apply
+        to, shared with the state keeper and the admin API, replaced by a reload."""
         self._store = state_store
         self.keeper: StateKeeper | None = None
         """The state keeper, once start() has opened the store and restored the pools."""
@@ -136,6 +155,20 @@ class ControlPlane:
         self._leader_tasks = Supervisor("controlplane-leader")
         self.election: LeaderElection | None = None
         """This replica's part in the leader election, once start() has opened the store."""
+        self._reloader = (
+            None
+            if source is None
+            else ConfigReloader(
+                source,
+                config,
+                file_pools=self._file_pools,
+                runtimes=self.runtimes,
+                key_digester=self._digester,
+                keeper=lambda: self.keeper,
+                leading=lambda: self._leading,
+                on_result=self.metrics.observe_config_reload,
+            )
+        )
         self.deposed = asyncio.Event()
         """Set once this replica has led and stopped leading (lost its lease): it publishes no
         more, and its owner restarts it (controlplane/main.py)."""
@@ -171,6 +204,8 @@ class ControlPlane:
                 if self.config.tenant_keys.unkeyed_key_digests
                 else "this config, built in code, sets no key-digest secret",
             )
+        if self._reloader is not None:
+            await self._reloader.look()
         keeper = await self._restore()
         try:
             await self._stand(keeper)
@@ -179,6 +214,26 @@ class ControlPlane:
             # A half-started control plane must not leave its server or its store behind.
             await self.stop()
             raise
+
+    @property
+    def config(self) -> SlotshiftConfig:
+        """The config it runs on: as given, or as last reloaded (its pools as the file says;
+        each pool runs that with the stored admin changes on top)."""
+        return self._config if self._reloader is None else self._reloader.config
+
+    async def reload_config(self, trigger: str = "reload_config") -> ReloadOutcome:
+        """Read the config file again and apply what changed (controlplane/config_reload.py),
+        `trigger` naming why in the logs and the decisions; a refusal is logged and counted, the
+        running config kept. RuntimeError when it was built without a source."""
+        if self._reloader is None:
+            raise RuntimeError("this control plane was built without a config source")
+        return await self._reloader.reload(trigger)
+
+    def request_reload(self, trigger: str = "SIGHUP") -> None:
+        """Reload soon, in the background (a signal handler: it neither blocks nor awaits);
+        nothing when built without a source or not started."""
+        if self._reloader is not None:
+            self._reloader.request(trigger)
 
     @property
     def leading(self) -> bool:
@@ -209,9 +264,11 @@ class ControlPlane:
         and publish under `epoch`, and say SERVING for the leader's services."""
         keeper = self.keeper
         assert keeper is not None  # the election runs only once the store is open
-        await keeper.restore()
+        async with self._reload_lock():
+            # Not while a reload takes the file as the base: restored on one base or the other.
+            await keeper.restore()
+            self._leading = True
         self.gateway_service.epoch = epoch
-        self._leading = True
         tasks = self._leader_tasks
         tasks.spawn("state-store/decisions", keeper.write_decisions())
         tasks.spawn("state-store/versions", keeper.keep_versions_ahead())
@@ -223,6 +280,9 @@ class ControlPlane:
         for service in LEADER_SERVICES:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         logger.info("controlplane leads, epoch %d", epoch)
+
+    def _reload_lock(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return contextlib.nullcontext() if self._reloader is None else self._reloader.lock
 
     def _step_down(self, reason: str, *, deposed: bool = True) -> None:
         """The lease is lost (or given up): publish nothing more, now. The decision loops and
@@ -274,7 +334,7 @@ class ControlPlane:
                 admin_token=self._admin_token,
                 key_digester=self._digester,
                 record=keeper.record_change,
-                file_pools={pool.name: pool for pool in self.config.pools},
+                file_pools=self._file_pools,
                 clock=self._clock,
             ),
             server,
@@ -294,6 +354,8 @@ class ControlPlane:
         self._metrics_runner = await self._start_metrics(settings.grpc_host, settings.metrics_port)
         assert self.election is not None
         self._tasks.spawn("leader-election", self.election.run(), forever=False)
+        if self._reloader is not None:
+            self._tasks.spawn("config-reload", self._reloader.watch())
         leader_status = (
             health_pb2.HealthCheckResponse.SERVING
             if self._leading
@@ -328,7 +390,7 @@ class ControlPlane:
             keeper = StateKeeper(
                 store,
                 settings.state_store,
-                file_pools={pool.name: pool for pool in self.config.pools},
+                file_pools=self._file_pools,
                 runtimes=self.runtimes,
                 clock=self._clock,
                 decision_log_size=settings.decision_log_size,

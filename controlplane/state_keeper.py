@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
-from controlplane.core.overrides import Override, replay
+from controlplane.core.overrides import Dropped, Override, replay
 from controlplane.decision_log import DecisionLog, DecisionRecord, LoggedDecision, rebuild
 from controlplane.runtime import PoolRuntime
 from controlplane.store.base import HistoryQuery, StateStore, StoreError
@@ -69,7 +69,8 @@ class StaleKeyDigests(RuntimeError):
 class StateKeeper:
     """Keeps the pools of `runtimes` in `store` (module docstring).
 
-    file_pools: the pools as the config file says (the base the stored changes apply to).
+    file_pools: the pools as the config file says (the base the stored changes apply to), read
+    at each restore (a config reload replaces them).
     key_digester: how the config's keys are digested (tenant_keys); stored changes of another
     scheme are stale. drop_stale: drop those (logged) rather than refuse to start.
     settings: the state store's section (retention, flush interval, key frames).
@@ -152,8 +153,7 @@ class StateKeeper:
 
     async def _restore_pool(self, name: str, runtime: PoolRuntime) -> None:
         counters = await self.store.counters(name)
-        stored = [c.override for c in await self.store.changes(name) if c.dropped_reason is None]
-        result = replay(self._file_pools[name], stored, self._digester)
+        result = replay(self._file_pools[name], await self.live_changes(name), self._digester)
         for override in result.stale:
             reason = (
                 f"its key digests are of scheme {override.key_scheme}, the config's "
@@ -161,19 +161,24 @@ class StateKeeper:
             )
             logger.warning(_dropped_message(override, reason))
             await self.store.drop_change(name, override.config_version, reason=reason)
-        for dropped in result.dropped:
-            logger.warning(_dropped_message(dropped.override, dropped.reason))
-            await self.store.drop_change(
-                name, dropped.override.config_version, reason=dropped.reason
-            )
+        await self.drop_changes(result.dropped)
         # The ceiling is stored before any version above the old one can be published.
         ceiling = counters.allocation_version + VERSION_LEASE
         await self.store.raise_counters(name, allocation_version=ceiling)
         self._ceilings[name] = ceiling
         runtime.continue_versions_above(counters.allocation_version)
-        if counters.config_version > 0:
-            runtime.restore_config(result.pool, result.key_digests, counters.config_version)
         state = runtime.state
+        # Also without a stored change when the file's pool is not the one the runtime was made
+        # with: a follower that took a reloaded file (controlplane/config_reload.py).
+        if counters.config_version > 0 or (result.pool, result.key_digests) != (
+            state.pool,
+            state.key_digests,
+        ):
+            runtime.restore_config(
+                result.pool,
+                result.key_digests,
+                max(counters.config_version, state.config_version),
+            )
         gateways = tuple(await self.store.gateways(name))
         self._gateways_stored[name] = gateways
         state.expect_gateways(gateways)
@@ -194,6 +199,27 @@ class StateKeeper:
             counters.decision_id + 1,
             len(gateways),
         )
+
+    async def live_changes(self, pool: str) -> list[Override]:
+        """The pool's stored admin changes that no start-up or reload dropped, in version
+        order; StoreError when the store cannot be read."""
+        return [c.override for c in await self.store.changes(pool) if c.dropped_reason is None]
+
+    async def drop_changes(self, dropped: Sequence[Dropped]) -> None:
+        """Log each change the config file overtook (or that no longer applies on it) and mark
+        it dropped in the store, with its reason; StoreError when the store cannot be written
+        (those before stay marked)."""
+        for entry in dropped:
+            logger.warning(_dropped_message(entry.override, entry.reason))
+            await self.store.drop_change(
+                entry.override.pool, entry.override.config_version, reason=entry.reason
+            )
+
+    async def raise_config_version(self, pool: str, version: int) -> None:
+        """Store that the pool ran config version `version` without a stored change (a config
+        reload), so that a restart, and the next admin change, continue above it; StoreError
+        when the store cannot be written."""
+        await self.store.raise_counters(pool, config_version=version)
 
     async def record_change(self, change: Override) -> None:
         """Store an accepted admin change before it applies (StoreError: it must not apply)."""

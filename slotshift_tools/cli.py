@@ -18,9 +18,8 @@ from typing import Any
 
 from slotshift.config import (
     ConfigError,
+    ConfigSource,
     SlotshiftConfig,
-    apply_overrides,
-    load_config,
     parse_overrides,
 )
 from slotshift_tools.logs import configure_logging
@@ -257,9 +256,12 @@ def _add_bench_parser(commands: Any) -> None:
 
 
 def load(args: argparse.Namespace) -> SlotshiftConfig:
-    config = load_config(args.config)
-    overrides = parse_overrides(args.overrides)
-    return apply_overrides(config, overrides) if overrides else config
+    return config_source(args).load()
+
+
+def config_source(args: argparse.Namespace) -> ConfigSource:
+    """The config file and the `--set` overrides: what a service reads, and reads again."""
+    return ConfigSource(args.config, parse_overrides(args.overrides))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -394,7 +396,8 @@ def _service(args: argparse.Namespace) -> tuple[ServiceRun, dict[str, Any]]:
     if args.command == "controlplane":
         from controlplane.main import run as controlplane_run
 
-        return controlplane_run, {}
+        # The control plane reads the file again on SIGHUP and when it changes.
+        return controlplane_run, {"source": config_source(args)}
     if args.command == "gateway":
         from admission_gateway.main import run as gateway_run
 

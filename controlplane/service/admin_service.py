@@ -25,7 +25,6 @@ once (`key_digester`, slotshift/keys.py) and never logged, traced or returned; o
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
@@ -75,7 +74,8 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
     key_digester: how API keys are digested (tenant_keys), as the pools' digests were.
     record: stores each accepted change before it applies; None: changes live in memory only.
     file_pools: the pools as the config file says (what each change records of the fields it
-    touches); by default the runtimes' pools as they are when the service is made.
+    touches), read at each change (a config reload replaces them); by default the runtimes'
+    pools as they are when the service is made.
     """
 
     def __init__(
@@ -92,13 +92,13 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         self._admin_tokens = None if admin_token is None else BearerTokens([admin_token])
         self._digester = key_digester
         self._record = record
+        # Not copied: a config reload replaces the file's pools in it (controlplane/server.py).
         self._file_pools = (
-            dict(file_pools)
+            file_pools
             if file_pools is not None
             else {name: runtime.state.pool for name, runtime in runtimes.items()}
         )
         self._clock = clock or SystemClock()
-        self._locks = {name: asyncio.Lock() for name in runtimes}
 
     async def AddTenant(
         self, request: admin_pb2.AddTenantRequest, context: _Context
@@ -296,7 +296,7 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         runtimes = await self._runtimes_of(tenant, context)
         async with contextlib.AsyncExitStack() as locks:
             for runtime in runtimes:
-                await locks.enter_async_context(self._locks[runtime.name])
+                await locks.enter_async_context(runtime.changing)
             changes: list[tuple[PoolRuntime, Override, dict[str, tuple[bytes, ...]], str]] = []
             skipped: list[Exception] = []
             for runtime in runtimes:
@@ -390,9 +390,9 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         self, runtime: PoolRuntime, change: Callable[[], Override], context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         state = runtime.state
-        # One change of a pool at a time: each is built on the config the one before made, and
-        # stored under the version after it.
-        async with self._locks[runtime.name]:
+        # One change of a pool at a time (a config reload's too): each is built on the config
+        # the one before made, and stored under the version after it.
+        async with runtime.changing:
             try:
                 override = change()
                 pool, digests, what = apply(state.pool, state.key_digests, override)

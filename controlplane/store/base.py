@@ -47,7 +47,8 @@ class Counters:
     """A pool's counters; 0 where nothing was stored."""
 
     config_version: int = 0
-    """The highest config version any stored change had (reset keeps it)."""
+    """The highest config version any stored change had, or a config reload made (reset keeps
+    it)."""
     allocation_version: int = 0
     """The ceiling the allocation versions published stayed below (controlplane/state_keeper)."""
     decision_id: int = 0
@@ -108,9 +109,15 @@ class StateStore(Protocol):
         """The pool's counters."""
 
     async def raise_counters(
-        self, pool: str, *, allocation_version: int = 0, decision_id: int = 0
+        self,
+        pool: str,
+        *,
+        allocation_version: int = 0,
+        decision_id: int = 0,
+        config_version: int = 0,
     ) -> None:
-        """Raise the pool's counters to these values where they are below (never lower)."""
+        """Raise the pool's counters to these values where they are below (never lower); the
+        config version without a change stored (a config file reloaded)."""
 
     async def add_decisions(self, entries: Sequence[LoggedDecision]) -> None:
         """Store logged decisions (of any pools) and raise each pool's decision-id counter."""

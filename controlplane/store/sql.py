@@ -228,9 +228,16 @@ class SqlStateStore:
         return Counters(**values)
 
     async def raise_counters(
-        self, pool: str, *, allocation_version: int = 0, decision_id: int = 0
+        self,
+        pool: str,
+        *,
+        allocation_version: int = 0,
+        decision_id: int = 0,
+        config_version: int = 0,
     ) -> None:
         statements = []
+        if config_version > 0:
+            statements.append(self._raise(pool, "config_version", config_version))
         if allocation_version > 0:
             statements.append(self._raise(pool, "allocation_version", allocation_version))
         if decision_id > 0:

@@ -12,7 +12,8 @@ PoolConfig`):
   settings; preemption: pausing borrowed work; tenant_keys: the key-digest secret; services: the
   control plane's, the gateways' and the telemetry agent's sections; state_store: the control plane's state store; emulator: the vLLM emulator's; local_stack: `slotshift up`'s;
   document: the whole file;
-- loading: the YAML file and its validation; overrides: `--set a.b=c`;
+- loading: the YAML file and its validation; overrides: `--set a.b=c`; source: the file and
+  its overrides, to read again (a reload);
 - paths: the one rule for file paths (a `_file` field is relative to the config file's folder);
   secrets: the one way to reveal a secret, from its value or its file.
 """
@@ -42,6 +43,7 @@ from slotshift.config.services import (
     GpuSelector,
     RequestLogConfig,
 )
+from slotshift.config.source import ConfigSource
 from slotshift.config.state_store import StateStoreConfig
 from slotshift.config.stream_auth import StreamAuthConfig, StreamClientIdentity
 from slotshift.config.tenant_keys import TenantKeysConfig, key_digester
@@ -53,6 +55,7 @@ __all__ = [
     "AgentPolicyConfig",
     "ClientTlsConfig",
     "ConfigError",
+    "ConfigSource",
     "ControlPlaneConfig",
     "EngineSimConfig",
     "GatewayConfig",

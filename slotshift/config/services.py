@@ -59,6 +59,13 @@ class ControlPlaneConfig(ConfigModel):
     are taken in one pass over the pool's cells (which costs about a millisecond per 100,000
     cells) instead of one pass each. A lent slot waits at most this long more to come back."""
 
+    config_reload_interval_s: Annotated[float, Field(ge=0)] = 10.0
+    """Seconds between two looks at the config file (its content and that of the key files it
+    names, hashed: a Kubernetes ConfigMap mount changes by a symlink swap, which no modification
+    time shows); a change reloads it as SIGHUP does (docs/operations.md, "Reload the config
+    file"). 0: only SIGHUP reloads. 10 s is small beside the minute or so a kubelet takes to
+    update a mounted ConfigMap, and a look costs one read and hash of a few small files."""
+
     tls: ServerTlsConfig | None = None
     """TLS on the gRPC API (gateways, agents, grpcurl), mutual with require_client_cert; unset:
     plaintext. The gateways' and the agent's controlplane_tls must then be set to match."""

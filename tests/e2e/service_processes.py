@@ -65,6 +65,10 @@ class ServiceProcesses:
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
 
+    def signal(self, name: str, signum: signal.Signals) -> None:
+        """Send `signum` to the running process `name` (SIGHUP: the control plane reloads)."""
+        self._processes[name].send_signal(signum)
+
     def running(self, name: str) -> bool:
         process = self._processes.get(name)
         return process is not None and process.poll() is None
