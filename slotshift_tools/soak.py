@@ -520,8 +520,10 @@ async def run_soak(
     await asyncio.to_thread(out_dir.mkdir, parents=True, exist_ok=True)
     ports = StackPorts.free(gateways=2)
     config = soak_config(config, ports)
-    keys = config.tenant_keys
-    if not (keys.key_digest_secret_file or keys.key_digest_secret or keys.unkeyed_key_digests):
+    digests = config.tenant_keys
+    if not (
+        digests.key_digest_secret_file or digests.key_digest_secret or digests.unkeyed_key_digests
+    ):
         # A config built in code: the file the services read must name a secret.
         section = await asyncio.to_thread(generated_tenant_keys, out_dir)
         config = apply_overrides(config, {f"tenant_keys.{k}": v for k, v in section.items()})
