@@ -16,6 +16,12 @@ and without touching the tenant's settings or share. A call that fails half-way 
 down) leaves some pools changed; calling it again finishes it (pools already as asked are left
 as they are).
 
+A pool that is a replica in a replica group (`replica_group`, slotshift/config/replica_groups.py)
+takes its tenants from the group, divided among the members: AddTenant, RemoveTenant and
+UpdateTenant on it are refused with FAILED_PRECONDITION (change the group's tenants in the
+config file and reload it), since a change made on one member alone would leave the members
+disagreeing about the group. SetPolicy and the key changes apply as on any pool.
+
 Mutating RPCs need the admin token as `authorization: Bearer TOKEN` metadata, compared in
 constant time (controlplane/service/read_auth.py); with no token configured they are refused.
 GetPoolConfig is a read: open, or behind the query tokens (`controlplane.query_token_file`,
@@ -104,6 +110,7 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.AddTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         runtime = await self._authorized_runtime(request.pool, context)
+        await self._refuse_group_member(runtime, context)
 
         def change() -> Override:
             name = _required("tenant", request.tenant)
@@ -132,6 +139,7 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.RemoveTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         runtime = await self._authorized_runtime(request.pool, context)
+        await self._refuse_group_member(runtime, context)
 
         def change() -> Override:
             name = _required("tenant", request.tenant)
@@ -143,6 +151,7 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
         self, request: admin_pb2.UpdateTenantRequest, context: _Context
     ) -> admin_pb2.ConfigChangeResponse:
         runtime = await self._authorized_runtime(request.pool, context)
+        await self._refuse_group_member(runtime, context)
 
         def change() -> Override:
             name = _required("tenant", request.tenant)
@@ -409,6 +418,17 @@ class PoolAdminService(admin_pb2_grpc.AdminServiceServicer):
             decision_id=record.id,
             allocation_version=state.allocation.version,
         )
+
+    async def _refuse_group_member(self, runtime: PoolRuntime, context: _Context) -> None:
+        """FAILED_PRECONDITION when the pool's tenants are its replica group's."""
+        group = runtime.state.pool.replica_group
+        if group is not None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pool {runtime.name} is a replica in replica group {group}: its tenants are "
+                "the group's, divided among the group's pools; change them in the config "
+                "file's replica_groups and reload it",
+            )
 
     async def _authorized_runtime(self, pool: str, context: _Context) -> PoolRuntime:
         await self._authorize(context)

@@ -8,7 +8,8 @@ command-line flags are applied by the entrypoints (`slotshift_tools.cli`), never
 One module per concern; everything public is imported from here (`from slotshift.config import
 PoolConfig`):
 - base: the model base, ConfigError, the shared field types;
-- tls: the TLS sections; pools: a pool and its tenants; policies: the policies' names and
+- tls: the TLS sections; pools: a pool and its tenants; replica_groups: a model's replicas
+  sharing tenants stated once; policies: the policies' names and
   settings; preemption: pausing borrowed work; tenant_keys: the key-digest secret; services: the
   control plane's, the gateways' and the telemetry agent's sections; state_store: the control plane's state store; emulator: the vLLM emulator's; local_stack: `slotshift up`'s;
   document: the whole file;
@@ -28,6 +29,7 @@ from slotshift.config.paths import resolve_path, with_resolved_paths
 from slotshift.config.policies import AgentPolicyConfig, PolicyName, SloPolicyConfig
 from slotshift.config.pools import PoolConfig, TenantConfig
 from slotshift.config.preemption import PreemptionConfig
+from slotshift.config.replica_groups import ReplicaGroupConfig, divide_group, divide_slots
 from slotshift.config.secrets import (
     read_secret_file,
     read_secret_text,
@@ -66,6 +68,7 @@ __all__ = [
     "Port",
     "PositiveSeconds",
     "PreemptionConfig",
+    "ReplicaGroupConfig",
     "RequestLogConfig",
     "ServerTlsConfig",
     "SloPolicyConfig",
@@ -76,6 +79,8 @@ __all__ = [
     "TenantConfig",
     "TenantKeysConfig",
     "apply_overrides",
+    "divide_group",
+    "divide_slots",
     "key_digester",
     "load_config",
     "parse_config",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from typing import Any
+
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from slotshift.config.base import ConfigModel
 from slotshift.config.emulator import EngineSimConfig
 from slotshift.config.local_stack import LocalStackConfig
 from slotshift.config.pools import PoolConfig
+from slotshift.config.replica_groups import ReplicaGroupConfig, expand_replica_groups
 from slotshift.config.secrets import reveal
 from slotshift.config.services import AgentConfig, ControlPlaneConfig, GatewayConfig
 from slotshift.config.tenant_keys import TenantKeysConfig
@@ -17,7 +20,13 @@ class SlotshiftConfig(ConfigModel):
     """The whole configuration file."""
 
     pools: list[PoolConfig]
-    """The pools the control plane manages."""
+    """The pools the control plane manages. A pool naming a `replica_group` has its tenants
+    filled in from the group when the document is validated."""
+
+    replica_groups: list[ReplicaGroupConfig] = Field(default_factory=list)
+    """Models served by several pools (replicas), their tenants stated once: each member pool
+    names its group in `replica_group` and gets the group's tenants, their slot figures divided
+    by the members' budgets. Empty: every pool lists its own tenants."""
 
     tenant_keys: TenantKeysConfig = TenantKeysConfig()
     """How the tenants' API keys are digested (the control plane's and the gateways')."""
@@ -34,6 +43,36 @@ class SlotshiftConfig(ConfigModel):
             if pool.name == name:
                 return pool
         raise KeyError(name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _expand_replica_groups(cls, data: Any) -> Any:
+        # Before the pools are validated: a member pool is only valid with its tenants.
+        if isinstance(data, dict):
+            return expand_replica_groups(data)
+        return data
+
+    @model_serializer(mode="wrap")
+    def _members_without_tenants(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # A dump is the file's form again: a member's tenants are its group's, filled in anew
+        # when the dump is validated (an override of a budget divides the group again).
+        data = handler(self)
+        if isinstance(data, dict) and isinstance(data.get("pools"), list):
+            for pool in data["pools"]:
+                if isinstance(pool, dict) and pool.get("replica_group") is not None:
+                    pool.pop("tenants", None)
+        return data
+
+    def replica_group(self, name: str) -> ReplicaGroupConfig:
+        """The replica group called `name`; KeyError if there is none."""
+        for group in self.replica_groups:
+            if group.name == name:
+                return group
+        raise KeyError(name)
+
+    def members_of(self, group: str) -> list[PoolConfig]:
+        """The pools whose replica_group is `group`, in the pools' order (empty for none)."""
+        return [p for p in self.pools if p.replica_group == group]
 
     @model_validator(mode="after")
     def _pools_unique(self) -> SlotshiftConfig:

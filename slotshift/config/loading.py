@@ -95,13 +95,17 @@ def _with_key_files(config: SlotshiftConfig, *, source: str) -> SlotshiftConfig:
     if not any(t.api_keys_file for pool in config.pools for t in pool.tenants):
         return config
     data = revealed(config.model_dump(mode="python"))
-    for pool in data["pools"]:
-        for tenant in pool["tenants"]:
+    # A replica group's members carry no tenants in the dump: their keys are read into the
+    # group's tenants, which validation divides among the members again.
+    holders = [("pool", pool) for pool in data["pools"]]
+    holders += [("replica group", group) for group in data["replica_groups"]]
+    for kind, holder in holders:
+        for tenant in holder.get("tenants", ()):
             if tenant["api_keys_file"] is None:
                 continue
             text = read_secret_text(
                 tenant["api_keys_file"],
-                field=f"{source}: tenant {tenant['name']!r} of pool {pool['name']!r}: "
+                field=f"{source}: tenant {tenant['name']!r} of {kind} {holder['name']!r}: "
                 "api_keys_file",
             )
             tenant["api_keys"] += _keys_in(text)

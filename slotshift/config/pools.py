@@ -119,10 +119,16 @@ class PoolConfig(ConfigModel):
     that serve the same model are replicas of it. Empty: the pool serves whatever model a request
     names, which only a gateway fronting this pool alone allows."""
 
-    tenants: list[TenantConfig]
+    replica_group: Name | None = None
+    """The replica group (top-level `replica_groups`) this pool is a replica in: the pool then
+    lists no tenants, and takes the group's, their floor and ceiling slots divided among the
+    group's members by budget (slotshift/config/replica_groups.py). Its budget stays its own.
+    Unset: the pool lists its own tenants."""
+
+    tenants: list[TenantConfig] = Field(default_factory=list)
     """The tenants sharing the budget: the tenants that may use the pool's models. A tenant is
     one name and one set of API keys across every pool it is in (its bounds and share are the
-    pool's own)."""
+    pool's own). A replica group's member lists none: the loader fills them in."""
 
     slo_policy: SloPolicyConfig = SloPolicyConfig()
     """Settings of the slo policy (used when `policy` is slo, or as the agent's fallback)."""
