@@ -359,8 +359,9 @@ def test_every_tenant_key_file_is_a_mounted_secret_key(overlay: Manifests, tmp_p
         for path, content in files.items():
             (root / path.relative_to("/")).parent.mkdir(parents=True, exist_ok=True)
             (root / path.relative_to("/")).write_bytes(content)
-        for pool in document["pools"]:
-            for tenant in pool["tenants"]:
+        # A replica group's members list no tenants: the group's hold the key files.
+        for holder in [*document["pools"], *document.get("replica_groups", [])]:
+            for tenant in holder.get("tenants", []):
                 assert tenant.get("api_keys_file"), f"tenant {tenant['name']} has no key file"
                 key_file = PurePosixPath(tenant["api_keys_file"])
                 assert key_file in files, f"{container['name']}: {key_file} is not mounted"

@@ -7,6 +7,7 @@ than its own budget, and the admin API refuses a tenant change on a member."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -78,20 +79,27 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
     token_file = resolve_path("admin-token", tmp_path)
     await asyncio.to_thread(Path(token_file).write_text, f"{TOKEN}\n")
     async with AsyncExitStack() as exits:
-        yield await start_fleet(exits, lambda urls, port: _config(token_file, urls, port), POOLS)
+
+        def config(urls: dict[str, str], grpc_port: int) -> SlotshiftConfig:
+            return _config(token_file, urls, grpc_port)
+
+        yield await start_fleet(exits, config, POOLS)
 
 
 async def test_a_groups_tenants_get_their_shares_on_both_replicas(fleet: Fleet) -> None:
     gateway = fleet.gateways[0]
+
+    def shares_held(pool: str) -> bool:
+        decided = dict(fleet.control_plane.pools[pool].allocation.tenant_limits)
+        tenants = gateway.states[pool].tenants
+        enforced = {t: s.admission.limit_slots for t, s in tenants.items()}
+        return decided == enforced == SHARES[pool]
+
     for pool in POOLS:
         state = fleet.control_plane.pools[pool]
         assert {t.name: t.floor_slots for t in state.pool.tenants} == FLOORS[pool]
         await wait_until(
-            lambda state=state, pool=pool: (
-                dict(state.allocation.tenant_limits) == SHARES[pool]
-                and {t: s.admission.limit_slots for t, s in gateway.states[pool].tenants.items()}
-                == SHARES[pool]
-            ),
+            functools.partial(shares_held, pool),
             message=f"{pool}: the group's shares decided and enforced",
         )
 
