@@ -120,10 +120,10 @@ def plot(figures: Mapping[str, Mapping[str, float | None]], path: Path, title: s
         (
             "added latency (ms)",
             [
-                ("non-streamed p50", "non_streamed_added_p50_ms"),
-                ("non-streamed p99", "non_streamed_added_p99_ms"),
-                ("TTFT p50", "ttft_added_p50_ms"),
-                ("TTFT p99", "ttft_added_p99_ms"),
+                ("non-streamed\np50", "non_streamed_added_p50_ms"),
+                ("non-streamed\np99", "non_streamed_added_p99_ms"),
+                ("TTFT\np50", "ttft_added_p50_ms"),
+                ("TTFT\np99", "ttft_added_p99_ms"),
             ],
         ),
         (

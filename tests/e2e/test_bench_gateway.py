@@ -63,7 +63,8 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     assert gateway["non_streamed_added_p50_ms"] >= 0
     assert gateway["ttft_added_p50_ms"] >= 0
     if haproxy:
-        assert document["figures"]["haproxy"]["cpu_ms_per_1000_events_plain"] > 0
+        # CPU is read in 10 ms ticks: HAProxy's few ms of a quick window may read as none.
+        assert document["figures"]["haproxy"]["cpu_ms_per_1000_events_plain"] >= 0
 
     [run] = document["runs"]
     for kind in ("non_streamed", "ttft"):
