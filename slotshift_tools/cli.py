@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
         "and the budget at every instant, over a grid of tenants x gateways",
     )
     commands.add_parser(
+        "bench-gateway",
+        add_help=False,
+        help="what the gateway adds to the data path (latency, CPU per relayed event, "
+        "interference), side by side with direct to the engine and HAProxy",
+    )
+    commands.add_parser(
         "bench-fidelity",
         add_help=False,
         help="run the emulator at the study's calibration points; print measured vs published",
@@ -284,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         from slotshift_tools.scale.command import main as scale_main
 
         return scale_main(argv[1:])
+    if argv[:1] == ["bench-gateway"]:
+        from slotshift_tools.gateway_bench.command import main as gateway_bench_main
+
+        return gateway_bench_main(argv[1:])
     if argv[:1] == ["soak"]:
         # The soak benchmark has its own flags (--duration-s, --out-dir, ...).
         from slotshift_tools.soak import main as soak_main

@@ -1,0 +1,83 @@
+"""End to end: `slotshift bench-gateway --quick` against real gateway, control plane, upstream
+and (when installed) HAProxy processes: every figure is in the JSON, and each is sane."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from matplotlib.image import imread
+
+from slotshift_tools.gateway_bench.haproxy import find_haproxy
+from slotshift_tools.gateway_bench.report import FIGURES
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+PAIRS = 40
+INTERFERENCE_PAIRS = 20
+
+
+def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None:
+    out = tmp_path / "gateway"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slotshift_tools",
+            "bench-gateway",
+            "--quick",
+            "--pairs",
+            str(PAIRS),
+            "--interference-pairs",
+            str(INTERFERENCE_PAIRS),
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads((out / "gateway.json").read_text())
+    haproxy = find_haproxy() is not None
+    assert document["peers"]["haproxy"]["available"] is haproxy
+    if not haproxy:
+        assert "haproxy is not installed" in result.stdout
+    proxies = ["gateway", "haproxy"] if haproxy else ["gateway"]
+    assert list(document["figures"]) == proxies
+
+    gateway = document["figures"]["gateway"]
+    assert set(gateway) == set(FIGURES)
+    assert all(value is not None for value in gateway.values()), gateway
+    assert gateway["cpu_ms_per_1000_events_plain"] > 0
+    assert gateway["cpu_ms_per_1000_events_preemptible"] > 0
+    # A proxy adds a hop: on a median of paired requests it cannot be faster than direct.
+    assert gateway["non_streamed_added_p50_ms"] >= 0
+    assert gateway["ttft_added_p50_ms"] >= 0
+    if haproxy:
+        # CPU is read in 10 ms ticks: HAProxy's few ms of a quick window may read as none.
+        assert document["figures"]["haproxy"]["cpu_ms_per_1000_events_plain"] >= 0
+
+    [run] = document["runs"]
+    for kind in ("non_streamed", "ttft"):
+        for target in ["direct", *proxies]:
+            assert run["latency"][kind][target]["requests"] >= PAIRS
+    for proxy in proxies:
+        assert run["interference"][proxy]["requests"] >= INTERFERENCE_PAIRS
+        window = run["interference"][proxy]["batch_window"]
+        assert window["events"] > 0
+    plain = run["cpu"]["gateway"]["plain"]
+    assert plain["events"] > 0 and plain["stream_requests"] > 0
+    assert run["cpu"]["direct"]["plain"]["cores"]["upstream"] > 0
+    assert plain["harness_cores"] > 0
+
+    assert "CPU per 1,000 relayed events" in (out / "summary.md").read_text()
+    assert imread(out / "gateway.png").shape[0] > 100

@@ -1,0 +1,37 @@
+"""The bench's report: one run's figures, medians over runs, the table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slotshift_tools.gateway_bench.report import FIGURES, markdown_table, summary
+
+
+def _run(scale: float, *, with_preemptible: bool = True) -> dict[str, Any]:
+    latency = {"added_p50_ms": 1.0 * scale, "added_p99_ms": 2.0 * scale}
+    cpu: dict[str, Any] = {"plain": {"cpu_ms_per_1000_events": 40.0 * scale}}
+    if with_preemptible:
+        cpu["preemptible"] = {"cpu_ms_per_1000_events": 80.0 * scale}
+    return {
+        "latency": {"non_streamed": {"gateway": latency}, "ttft": {"gateway": latency}},
+        "cpu": {"gateway": cpu},
+        "interference": {"gateway": {"added_p50_ms": 0.5 * scale, "added_p99_ms": 3.0 * scale}},
+    }
+
+
+def test_each_figure_is_the_median_over_the_runs() -> None:
+    figures = summary([_run(1.0), _run(3.0), _run(2.0)], ["gateway"])["gateway"]
+    assert set(figures) == set(FIGURES)
+    assert figures["non_streamed_added_p50_ms"] == pytest.approx(2.0)
+    assert figures["cpu_ms_per_1000_events_preemptible"] == pytest.approx(160.0)
+    assert figures["interactive_added_ttft_p99_ms_under_batch"] == pytest.approx(6.0)
+
+
+def test_a_figure_no_run_measured_is_shown_as_missing() -> None:
+    figures = summary([_run(1.0, with_preemptible=False)], ["gateway"])
+    assert figures["gateway"]["cpu_ms_per_1000_events_preemptible"] is None
+    table = markdown_table(figures)
+    assert "| CPU per 1,000 relayed events, preemptible (ms) | - |" in table
+    assert len(table.splitlines()) == 2 + len(FIGURES)
