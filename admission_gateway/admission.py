@@ -15,6 +15,9 @@ Priority and Fairness's fair queuing:
   pause level is set (`set_pause_above`), youngest by original admission first; it gives its slot
   back through `resume`, waits ahead of every request never paused (exempt from the queue's
   timeout, depth and `close`) and continues on a new slot with its original admission time.
+- A pausable request whose engine was lost at another pool (a replica that went away) may move
+  here (`take_over`): it waits as a paused request does and continues here, where it is
+  counted as admitted; its slot at the lost pool is released as it moves.
 - A slot is released exactly once, however its request ends (normal end, error, cancellation
   while queued or while running): `Slot` is an async context manager and release is idempotent.
 
@@ -186,6 +189,9 @@ class _Waiter:
     pausable: bool = False
     paused: Slot | None = None
     """The released slot of a paused request waiting to resume (it goes ahead of the rest)."""
+    moved: bool = False
+    """`paused` is the released slot of another pool's admission whose engine was lost: the
+    request was never admitted here."""
 
 
 class TenantAdmission:
@@ -350,18 +356,49 @@ class TenantAdmission:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop.create_future(), self._clock.monotonic(), pausable=True)
         waiter.paused = paused
-        position = len(self._queue)
-        for index, queued in enumerate(self._queue):
-            if queued.paused is None or queued.paused.admitted_at_s > paused.admitted_at_s:
-                position = index
-                break
-        self._queue.insert(position, waiter)
+        self._queue.insert(self._resume_position(paused), waiter)
         self._paused_waiting += 1
         # Queued before the release, so that the freed slot cannot go to anyone behind it and
         # the tenant never looks idle in between.
         paused._resuming = True
         paused.release()
         return await self._wait(waiter)
+
+    async def take_over(self, lost: Slot) -> Slot:
+        """Continue here a pausable request admitted at another pool whose engine was lost.
+
+        Call it once the request's work is no longer in the lost engine. `lost` (its slot
+        there) is released at once; the request then waits as a paused one does (ahead of every
+        request never paused, behind paused ones admitted before it, exempt from
+        queue_timeout_s, queue_max_depth and `close`), and gets a pausable slot that keeps its
+        original admission time and pause count. Here it counts as admitted (new work for this
+        pool) and, while it waits, as paused; its wait is no queue wait of new work. Cancelling
+        the caller while it waits leaves no trace, and counts it as abandoned. Raises
+        ValueError unless `lost` is a held, pausable slot of another admission.
+        """
+        if lost.released or not lost.pausable or lost._admission is self:
+            raise ValueError("only a held pausable slot of another admission can move here")
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop.create_future(), self._clock.monotonic(), pausable=True)
+        waiter.paused = lost
+        waiter.moved = True
+        self._queue.insert(self._resume_position(lost), waiter)
+        self._paused_waiting += 1
+        self._idle.clear()
+        lost.release()
+        self._admit_waiting()
+        if not waiter.future.done() and self._on_queue_started is not None:
+            # It waits for a slot here: the control plane hears of the demand at once.
+            self._on_queue_started()
+        return await self._wait(waiter)
+
+    def _resume_position(self, paused: Slot) -> int:
+        """Where a paused request waits: behind the paused ones admitted before it, ahead of
+        the rest."""
+        for index, queued in enumerate(self._queue):
+            if queued.paused is None or queued.paused.admitted_at_s > paused.admitted_at_s:
+                return index
+        return len(self._queue)
 
     async def _wait(self, waiter: _Waiter) -> Slot:
         try:
@@ -411,13 +448,30 @@ class TenantAdmission:
         await self._idle.wait()
 
     def _grant(
-        self, enqueued_at: float, *, pausable: bool = False, paused: Slot | None = None
+        self,
+        enqueued_at: float,
+        *,
+        pausable: bool = False,
+        paused: Slot | None = None,
+        moved: bool = False,
     ) -> Slot:
         now = self._clock.monotonic()
         wait_s = max(0.0, now - enqueued_at)
         self._in_flight += 1
         self._idle.clear()
-        if paused is None:
+        if paused is not None and moved:
+            # New work for this pool (counted admitted, so that its release balances), but no
+            # new arrival: its wait says nothing about this pool's queue.
+            self._paused_waiting -= 1
+            self._admitted_total += 1
+            slot = Slot(
+                self,
+                paused.queue_wait_s,
+                admitted_at_s=paused.admitted_at_s,
+                pauses=paused.pauses,
+                pausable=True,
+            )
+        elif paused is None:
             self._admitted_total += 1
             self.queue_wait.observe(wait_s)
             slot = Slot(self, wait_s, admitted_at_s=now, pausable=pausable)
@@ -481,7 +535,12 @@ class TenantAdmission:
                 # Its caller was cancelled and has not cleaned up yet; `_abandon` will.
                 continue
             waiter.future.set_result(
-                self._grant(waiter.enqueued_at, pausable=waiter.pausable, paused=waiter.paused)
+                self._grant(
+                    waiter.enqueued_at,
+                    pausable=waiter.pausable,
+                    paused=waiter.paused,
+                    moved=waiter.moved,
+                )
             )
 
     def _expire(self, waiter: _Waiter) -> None:
@@ -505,9 +564,13 @@ class TenantAdmission:
             self._remove(waiter)
             if waiter.paused is not None:
                 # Off the queue either way (_admit_waiting may have dropped it already). It was
-                # admitted once: it ends here, as a completion, not as an abandoned arrival.
+                # admitted once: it ends here, as a completion, not as an abandoned arrival;
+                # unless it was admitted at another pool only, where its completion counted.
                 self._paused_waiting -= 1
-                self._completed_total += 1
+                if waiter.moved:
+                    self._abandoned_total += 1
+                else:
+                    self._completed_total += 1
                 self._update_idle()
             else:
                 self._abandoned_total += 1

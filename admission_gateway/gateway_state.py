@@ -64,6 +64,10 @@ class TenantState:
         """Output tokens thrown away because a paused request had to start again."""
         self.recomputed_prompt_tokens_total = 0
         """Prompt tokens recomputed on resume that were no prefix-cache hits."""
+        self.moved_out_total = 0
+        """Requests whose engine here was lost and that went on at another replica."""
+        self.moved_in_total = 0
+        """Requests that came here from another replica whose engine was lost."""
         self.target_slots = target_slots
         """This gateway's part of the tenant's pool-wide limit (shown in metrics)."""
         self.decision: SpanContext | None = None

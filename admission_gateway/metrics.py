@@ -132,8 +132,17 @@ class _StateCollector(Collector):
             "(not prefix-cache hits). Charged to the pool, never to the tenant's usage.",
             labels=[*labels, "kind"],
         )
+        moved = CounterMetricFamily(
+            "slotshift_gateway_requests_moved",
+            "Resumable requests moved between replicas of a model because an engine was lost: "
+            "`out` of this pool (its engine went away under them), `in` to it (they went on "
+            "here).",
+            labels=[*labels, "direction"],
+        )
         for name, tenant in self._state.tenants.items():
             admission = tenant.admission
+            moved.add_metric([pool, name, "out"], tenant.moved_out_total)
+            moved.add_metric([pool, name, "in"], tenant.moved_in_total)
             paused.add_metric([pool, name], admission.paused)
             pauses.add_metric([pool, name], admission.pauses_total)
             output_tokens.add_metric([pool, name], tenant.output_tokens_total)
@@ -166,6 +175,7 @@ class _StateCollector(Collector):
         yield from (
             paused,
             pauses,
+            moved,
             output_tokens,
             waste,
             limit,

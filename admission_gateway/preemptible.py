@@ -20,6 +20,18 @@ The client sees one uninterrupted answer: one stream (or, for a non-streamed req
 response assembled from the upstream stream), one final usage with the true totals. What shapes
 may be resumed is resume.py's `not_resumable` (docs/preemption.md); other requests of the tenant
 go the ordinary way and are never paused.
+
+A paused request resumes on the engine it ran on: its prefix is cached there. Only a request
+whose engine was lost moves: when an attempt fails because the engine went away (no connection,
+a connection reset, a stream cut before its end, or the engine's 503 saying it is shutting down
+or aborted the request) and the answer can go on (`Resumption.can_go_on`), the relay asks the
+caller's `find_replica` for another pool serving the request's model; if there is one, the slot
+at the lost pool is released, the request waits for a slot of its tenant there as a paused one
+waits (`TenantAdmission.take_over`), and the next attempt goes to that pool's engine. The
+continuation is token-exact because replicas of one model serve the same model with the same
+tokenizer (what makes them replicas); the prompt's token ids came from the first engine's
+/tokenize. Without another replica the request fails as any other would (502, or the engine's
+503 where it said so).
 """
 
 from __future__ import annotations
@@ -27,7 +39,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,21 +70,51 @@ from admission_gateway.resume import (
     SseTooLong,
     UpstreamProtocolError,
 )
-from admission_gateway.upstream import EngineClient
+from admission_gateway.upstream import EngineClient, EngineCredentialsRefused
 from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
 
 logger = logging.getLogger(__name__)
 
 
+_ENGINE_GOING_AWAY = (b"shutting down", b"aborted")
+"""What an engine's 503 says when it stops (vLLM's and the emulator's shutdown, the abort of
+the requests it still held): the request did not fail, its engine went away."""
+
+
 class _Ended(Exception):
     """An attempt failed in a way the client must see (a status, or an SSE error event)."""
 
-    def __init__(self, error: OpenAIError, refusal: web.Response | None = None) -> None:
+    def __init__(
+        self,
+        error: OpenAIError,
+        refusal: web.Response | None = None,
+        *,
+        engine_lost: bool = False,
+    ) -> None:
         super().__init__(error.body())
         self.error = error
         self.refusal = refusal
         """The engine's own answer, passed through when the client has seen nothing yet."""
+        self.engine_lost = engine_lost
+        """The engine went away under the attempt: another replica may carry the answer on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """Another pool whose engine serves the request's model, where a request whose engine was
+    lost can go on."""
+
+    pool: str
+    relay: PreemptibleRelay
+    """That pool's relay: its engine's URL and client (with that engine's API key)."""
+    tenant: TenantState
+    """The request's tenant at that pool: the slot there is taken from its admission."""
+
+
+FindReplica = Callable[[str], Replica | None]
+"""Given the pool whose engine was lost, another replica for the request, or None (there is
+none that is up for its tenant). Must not block."""
 
 
 @dataclass
@@ -155,11 +197,15 @@ class PreemptibleRelay:
         tenant: TenantState,
         slot: Slot,
         observed: RequestObservation,
+        pool: str = "",
+        find_replica: FindReplica | None = None,
     ) -> web.StreamResponse:
         """Run the request to its end across pauses; `slot` is its admitted slot, released
         (or handed on to the next attempt's slot) before this returns. `headers` go to the
         engine; `response_headers` are added to the client's response; the request's figures
-        and counts go to `observed`."""
+        and counts go to `observed`. `pool` is this relay's pool; when its engine is lost under
+        the request, `find_replica` (None: never move) names where it may go on (see the
+        module docstring); a moved request's counts go to its tenant at the new pool."""
         try:
             resumption = Resumption(path, dict(document))
         except ValueError:
@@ -170,11 +216,12 @@ class PreemptibleRelay:
         first_token = FirstTokenDetector()
         accounted = _Accounted()
         attempt = 0
+        relay = self
         try:
             while True:
                 attempt += 1
                 try:
-                    client, finished = await self._attempt(
+                    client, finished = await relay._attempt(
                         request,
                         resumption,
                         slot,
@@ -187,6 +234,17 @@ class PreemptibleRelay:
                     )
                 except _Ended as ended:
                     self._account(tenant, resumption, accounted)
+                    replica = (
+                        find_replica(pool)
+                        if ended.engine_lost and find_replica is not None and resumption.can_go_on()
+                        else None
+                    )
+                    if replica is not None:
+                        if client is None and resumption.client_streams:
+                            client = await _open_stream(request, response_headers)
+                        slot = await self._move(tenant, slot, replica, client, pool)
+                        tenant, relay, pool = replica.tenant, replica.relay, replica.pool
+                        continue
                     if client is not None:
                         observed.cut_by(ended.error)
                         await write_quietly(client, sse_error_event(ended.error))
@@ -202,7 +260,9 @@ class PreemptibleRelay:
                     # Paused before the engine's headers came: the client's stream starts now,
                     # so that the comments sent while paused keep idle proxies from cutting it.
                     client = await _open_stream(request, response_headers)
-                slot = await self._wait_to_resume(tenant, slot, client)
+                slot = await self._keeping_alive(
+                    tenant.admission.resume(slot), client, f"resume {tenant.name} request"
+                )
         finally:
             slot.release()
             observed.counted(
@@ -269,7 +329,9 @@ class PreemptibleRelay:
                 raise _Ended(upstream_timeout()) from None
             except aiohttp.ClientError as exc:
                 resumption.attempt_ended()
-                raise _Ended(upstream_failed(exc)) from None
+                # A refused key is this gateway's misconfiguration, the same at every replica.
+                lost = not isinstance(exc, EngineCredentialsRefused)
+                raise _Ended(upstream_failed(exc), engine_lost=lost) from None
             span.set_attribute("http.response.status_code", upstream.status)
             # Pausing closes the connection: the engine aborts the request, and the read
             # below ends at once.
@@ -332,9 +394,11 @@ class PreemptibleRelay:
                     resumption.attempt_ended()
                 span.set_attribute("slotshift.paused", True)
                 return client, False
+            # Cut before its [DONE] (the connection failed or closed): the engine went away. A
+            # [DONE] without a finish is the engine's own odd answer, the same anywhere.
+            cut = resumption.in_flight
             resumption.attempt_ended()
-            # The engine ended the stream without finishing the answer.
-            raise _Ended(upstream_unavailable())
+            raise _Ended(upstream_unavailable(), engine_lost=cut)
 
     async def _refused(
         self, upstream: aiohttp.ClientResponse, resumption: Resumption, slot: Slot
@@ -349,22 +413,49 @@ class PreemptibleRelay:
             resumption.attempt_ended()
             if isinstance(exc, TimeoutError):
                 raise _Ended(upstream_timeout()) from None
-            raise _Ended(upstream_unavailable()) from None
+            raise _Ended(upstream_unavailable(), engine_lost=True) from None
         resumption.attempt_ended()
         refusal = None
         if upstream.status >= 400 and upstream.content_type == "application/json":
             refusal = web.Response(
                 status=upstream.status, body=content, content_type="application/json"
             )
-        raise _Ended(engine_failed(upstream.status, content), refusal)
-
-    async def _wait_to_resume(
-        self, tenant: TenantState, slot: Slot, client: web.StreamResponse | None
-    ) -> Slot:
-        """Give the paused slot back and wait for the next; a streaming client gets comments."""
-        waiting = asyncio.create_task(
-            tenant.admission.resume(slot), name=f"resume {tenant.name} request"
+        going_away = upstream.status == 503 and any(
+            words in content.lower() for words in _ENGINE_GOING_AWAY
         )
+        raise _Ended(engine_failed(upstream.status, content), refusal, engine_lost=going_away)
+
+    async def _move(
+        self,
+        tenant: TenantState,
+        slot: Slot,
+        replica: Replica,
+        client: web.StreamResponse | None,
+        lost_pool: str,
+    ) -> Slot:
+        """Release the lost pool's `slot` and wait for one of the tenant at `replica`'s pool;
+        counted as a move out of the one and into the other once the new slot is held."""
+        logger.warning(
+            "engine of pool %s lost under a resumable request of %s; it goes on at pool %s",
+            lost_pool,
+            tenant.name,
+            replica.pool,
+        )
+        moved = await self._keeping_alive(
+            replica.tenant.admission.take_over(slot),
+            client,
+            f"move {tenant.name} request to {replica.pool}",
+        )
+        tenant.moved_out_total += 1
+        replica.tenant.moved_in_total += 1
+        return moved
+
+    async def _keeping_alive(
+        self, wait: Coroutine[Any, Any, Slot], client: web.StreamResponse | None, name: str
+    ) -> Slot:
+        """Wait for the slot `wait` gives (the paused or lost slot is given back by it); a
+        streaming client gets comments meanwhile."""
+        waiting = asyncio.create_task(wait, name=name)
         try:
             while True:
                 done, _ = await asyncio.wait({waiting}, timeout=self._keepalive_s)

@@ -27,7 +27,11 @@ upstream request and releases the slot.
 A preemptible tenant's request of a resumable shape (admission_gateway/resume.py) is admitted as
 pausable and relayed by admission_gateway/preemptible.py instead: streamed upstream with token
 ids, paused when the control plane takes the tenant's borrowed slots back, and resumed as a
-continuation of the same answer (docs/preemption.md).
+continuation of the same answer (docs/preemption.md). A paused request resumes on the replica it
+ran on (its prefix is cached there); only one whose engine is lost moves: it goes on at another
+replica of its model that is up for its tenant (the one with the most room, by routing.py's
+rule), on a slot of its tenant there. Other requests on a lost engine fail (502, or the engine's
+own 503).
 
 Each figure of a request (queue wait, time to first token, end-to-end latency) is recorded once,
 on its RequestObservation (figures.py), which feeds the reported windows, the metrics and, when
@@ -60,7 +64,7 @@ from admission_gateway.errors import OpenAIError
 from admission_gateway.figures import RequestFigures, RequestObservation
 from admission_gateway.gateway_state import GatewayState, TenantState
 from admission_gateway.metrics import GatewayMetrics
-from admission_gateway.preemptible import PreemptibleRelay
+from admission_gateway.preemptible import PreemptibleRelay, Replica
 from admission_gateway.relay import (
     NOT_FORWARDED_UPSTREAM,
     EngineRelay,
@@ -69,7 +73,13 @@ from admission_gateway.relay import (
     request_id,
 )
 from admission_gateway.resume import not_resumable
-from admission_gateway.routing import ModelNotFound, ModelRequired, route, tenant_models
+from admission_gateway.routing import (
+    ModelNotFound,
+    ModelRequired,
+    RoutingError,
+    route,
+    tenant_models,
+)
 from admission_gateway.upstream import EngineClient
 from slotshift.clock import Clock
 from slotshift.trace_context import parent_from
@@ -377,6 +387,7 @@ class OpenAIProxy:
         tenant = observed.tenant
         slot = await self._admit(front, tenant, span, observed, pausable=True)
         response_headers: CIMultiDict[str] = CIMultiDict({"X-Request-Id": rid})
+        model = document.get("model")
         return await preemptible.serve(
             request,
             path=path,
@@ -386,7 +397,40 @@ class OpenAIProxy:
             tenant=tenant,
             slot=slot,
             observed=observed,
+            pool=front.name,
+            find_replica=lambda lost: self._replica_for(
+                tenant.name, model if isinstance(model, str) else None, lost
+            ),
         )
+
+    def _replica_for(self, tenant: str, model: str | None, lost: str) -> Replica | None:
+        """Where a resumable request of `tenant` for `model` (None: the tenant's only one) goes
+        on when the engine of pool `lost` went away under it: another pool serving the model
+        whose engine is up, where the tenant is preemptible and preemption is on, the one with
+        the most room (routing.py); None when there is none. The lost pool is passed over by
+        routing for `replica_down_s` from now, as an unreachable engine is."""
+        lost_front = self._by_name[lost]
+        lost_front.engine_unreachable()
+        if model is None and lost_front.models:
+            model = lost_front.models[0]
+        candidates = [
+            front
+            for front in self._fronts
+            if front is not lost_front
+            and front.available
+            and front.preemptible is not None
+            and (state := front.state.tenants.get(tenant)) is not None
+            and state.preemptible
+        ]
+        if not candidates:
+            return None
+        try:
+            routed = route(candidates, tenant, model, self._turn)
+        except RoutingError:
+            return None
+        front = self._by_name[routed.pool]
+        assert front.preemptible is not None
+        return Replica(front.name, front.preemptible, front.state.tenants[tenant])
 
     def _tenant_of(self, request: web.Request) -> str:
         try:

@@ -525,6 +525,18 @@ class Resumption:
             return False
         return not self._output_seen or self._continuable()
 
+    def can_go_on(self) -> bool:
+        """Whether, between attempts, a next attempt can carry the answer on as one answer: it
+        is not finished, and either what it has can be continued exactly, or the client has seen
+        none of it (a restart). False while an attempt is in flight. What decides whether a
+        request whose engine was lost may move to another replica (upstream_request would raise
+        CannotResume where this is False)."""
+        if self._attempt is not None or self.finished:
+            return False
+        if not self._output_seen or self._continuable():
+            return True
+        return not (self.client_streams and self._client_saw_output)
+
     def upstream_request(self) -> tuple[str, bytes]:
         """The path and JSON body of the next upstream attempt, which the caller then starts.
 

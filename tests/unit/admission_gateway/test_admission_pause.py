@@ -165,3 +165,77 @@ async def test_every_request_ends_exactly_once_under_random_pauses(seed: int) ->
     assert sorted(ended) == list(range(30))
     assert admission.admitted_total == 30 and admission.completed_total == 30
     assert admission.in_flight == 0 and admission.queued == 0 and admission.paused == 0
+
+
+async def test_a_request_moved_from_a_lost_pool_waits_as_a_paused_one_and_counts_here() -> None:
+    clock = ManualClock()
+    lost_pool, other = _admission(clock, 2), _admission(clock, 1, depth=1)
+    (running,) = await _admit(other, clock, 1)
+    newcomer = asyncio.ensure_future(other.acquire(pausable=True))
+    await asyncio.sleep(0)
+    (moving,) = await _admit(lost_pool, clock, 1)
+    moved = asyncio.ensure_future(other.take_over(moving))
+    await asyncio.sleep(0)
+    assert moving.released and lost_pool.in_flight == 0, "its slot at the lost pool is free"
+    assert (lost_pool.admitted_total, lost_pool.completed_total) == (1, 1)
+    assert other.queued == 2 and other.paused == 1
+    with pytest.raises(QueueFull):
+        await other.acquire()  # the moved request takes no place of the queue's depth
+    running.release()
+    slot = await moved
+    assert not newcomer.done(), "it went ahead of the request queued before it"
+    assert slot.pausable and slot.admitted_at_s == moving.admitted_at_s and slot.pauses == 0
+    assert other.paused == 0 and other.in_flight == 1
+    slot.release()
+    (await newcomer).release()
+    assert (other.admitted_total, other.completed_total) == (3, 3), "admitted here once"
+
+
+async def test_a_moved_request_is_admitted_at_once_where_there_is_room() -> None:
+    clock = ManualClock()
+    lost_pool, other = _admission(clock, 1), _admission(clock, 1)
+    (moving,) = await _admit(lost_pool, clock, 1)
+    slot = await asyncio.wait_for(other.take_over(moving), 1.0)
+    assert other.in_flight == 1 and other.queued == 0
+    slot.release()
+    await asyncio.wait_for(other.wait_idle(), 1.0)
+
+
+async def test_a_moved_request_whose_client_leaves_is_abandoned_here() -> None:
+    clock = ManualClock()
+    lost_pool, other = _admission(clock, 1), _admission(clock, 0)
+    (moving,) = await _admit(lost_pool, clock, 1)
+    moved = asyncio.ensure_future(other.take_over(moving))
+    await asyncio.sleep(0)
+    idle = asyncio.ensure_future(other.wait_idle())
+    await asyncio.sleep(0)
+    assert not idle.done(), "a request waiting to move in keeps the tenant busy here"
+    other.close()
+    await asyncio.sleep(0)
+    assert not moved.done(), "exempt from the shutdown drain, as a paused request"
+    moved.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await moved
+    assert other.queued == 0 and other.paused == 0
+    assert (other.admitted_total, other.abandoned_total) == (0, 1)
+    await asyncio.wait_for(idle, 1.0)
+
+
+@pytest.mark.parametrize(
+    "which",
+    [
+        pytest.param("released", id="released"),
+        pytest.param("unpausable", id="unpausable"),
+        pytest.param("same-admission", id="same-admission"),
+    ],
+)
+async def test_only_a_held_pausable_slot_of_another_admission_moves(which: str) -> None:
+    clock = ManualClock()
+    lost_pool, other = _admission(clock, 2), _admission(clock, 2)
+    (slot,) = await _admit(lost_pool, clock, 1, pausable=which != "unpausable")
+    if which == "released":
+        slot.release()
+    target = lost_pool if which == "same-admission" else other
+    with pytest.raises(ValueError, match="another admission"):
+        await target.take_over(slot)
+    slot.release()

@@ -832,8 +832,44 @@ def test_a_streaming_client_that_saw_output_that_cannot_continue_cannot_resume()
     with pytest.raises(RuntimeError, match="lose output"):
         resumption.pause()
     resumption.attempt_ended()
+    assert not resumption.can_go_on()
     with pytest.raises(CannotResume):
         resumption.upstream_request()
+
+
+@pytest.mark.parametrize(
+    ("streams", "chunks", "expected"),
+    [
+        pytest.param(True, [], True, id="nothing-yet"),
+        pytest.param(True, [("a", [5]), ("b", [6])], True, id="continuable"),
+        pytest.param(False, [("a", [5]), ("b", None)], True, id="restart-unseen"),
+        pytest.param(True, [("a", [5]), ("b", None)], False, id="restart-seen"),
+    ],
+)
+def test_whether_an_answer_cut_between_attempts_can_go_on(
+    streams: bool, chunks: list[tuple[str, list[int] | None]], expected: bool
+) -> None:
+    resumption = Resumption(COMPLETIONS_PATH, completions(stream=streams, max_tokens=8))
+    resumption.upstream_request()
+    assert not resumption.can_go_on(), "not while an attempt is in flight"
+    for index, (text, ids) in enumerate(chunks):
+        extra = {"prompt_token_ids": [1, 2]} if index == 0 else {}
+        resumption.feed(completion_chunk(text, ids, **extra))
+    resumption.attempt_ended()
+    assert resumption.can_go_on() is expected
+    if expected:
+        resumption.upstream_request()  # what can_go_on promised
+    else:
+        with pytest.raises(CannotResume):
+            resumption.upstream_request()
+
+
+def test_a_finished_answer_does_not_go_on() -> None:
+    resumption = Resumption(COMPLETIONS_PATH, completions(max_tokens=1))
+    resumption.upstream_request()
+    resumption.feed(completion_chunk("a", [5], prompt_token_ids=[1], finish_reason="length"))
+    resumption.attempt_ended()
+    assert resumption.finished and not resumption.can_go_on()
 
 
 @pytest.mark.parametrize(
