@@ -137,8 +137,8 @@ _CHAT = {
     "ignore_eos": True,
 }
 
-# A streamed client is not covered yet: its moved request loses its client connection while it
-# waits for the other replica's slot (under investigation; see the branch's report).
+# A streamed client's request does not move yet (admission_gateway/preemptible.py): its client
+# connection was seen to drop while it waited for the other replica's slot, not yet understood.
 SHAPES = [
     pytest.param("/v1/completions", _COMPLETION, id="completions"),
     pytest.param("/v1/chat/completions", _CHAT, id="chat"),
