@@ -10,8 +10,9 @@ usage the engine sent, if any.
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 
 class FirstTokenDetector:
@@ -98,7 +99,7 @@ def _event(data: bytes) -> dict[str, Any] | None:
     if not data or data == b"[DONE]":
         return None
     try:
-        event: Any = json.loads(data)
+        event: Any = orjson.loads(data)
     except ValueError:
         return None
     return event if isinstance(event, dict) else None

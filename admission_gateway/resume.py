@@ -30,10 +30,11 @@ reasoning parsers all break.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+import orjson
 
 COMPLETIONS_PATH: Final = "/v1/completions"
 CHAT_PATH: Final = "/v1/chat/completions"
@@ -597,8 +598,8 @@ class Resumption:
             self._end_attempt()
             return []
         try:
-            event = json.loads(data)
-        except ValueError as exc:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
             raise UpstreamProtocolError(f"an upstream event is not JSON: {data[:80]!r}") from exc
         if not isinstance(event, dict):
             raise UpstreamProtocolError("an upstream event is not a JSON object")
@@ -1014,4 +1015,6 @@ def _int_list(value: Any) -> bool:
 
 
 def _dumps(payload: Mapping[str, Any]) -> bytes:
-    return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+    """Compact UTF-8 JSON, as vLLM writes its events (orjson: this runs once per relayed event
+    of a resumable stream, at a fifth of the json module's cost)."""
+    return orjson.dumps(payload)
