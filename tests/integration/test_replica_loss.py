@@ -9,6 +9,7 @@ restored. No engine ever holds more than its own budget, and no pool's limits su
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
@@ -113,12 +114,14 @@ async def test_a_lost_replicas_floor_goes_to_the_survivor_and_comes_back(
         agent = TelemetryAgent(fleet.config.agent, gpu_reader=NoGpu())
         await agent.start()
         exits.push_async_callback(agent.stop)
+
+        def started(pool: str) -> bool:
+            reporting = fleet.control_plane.pools[pool].telemetry is not None
+            return reporting and _floor_and_limit(fleet, pool) == (4, 4)
+
         for pool in POOLS:
             await wait_until(
-                lambda pool=pool: (
-                    _floor_and_limit(fleet, pool) == (4, 4)
-                    and fleet.control_plane.pools[pool].telemetry is not None
-                ),
+                functools.partial(started, pool),
                 message=f"{pool}: A's floor part and limit 4, the agent reporting",
             )
         over_budget: list[str] = []
