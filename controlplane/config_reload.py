@@ -17,6 +17,11 @@ does (PoolRuntime.change_config: one decision, its trigger `config vN: config fi
 counter, so that a restart and the next admin change continue above it. A pool the file did not
 change is not touched: no new version.
 
+While replicas of a group are lost (controlplane/replica_watch.py), the group's members run the
+division over the live replicas, not the file's: a reload holds their tenants' floors and
+ceilings to that division (`live_bounds`, taken under `lock`, which the watch's changes hold
+too), and the watch restores the file's once the replicas are back.
+
 Only the leader applies. A follower validates and counts the same way, and takes the new file as
 its base only: its pools come from the store, replayed on that base, when it is elected
 (`lock` keeps an election's restore and a reload apart). A store that fails half-way leaves the
@@ -27,11 +32,13 @@ finishes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 
 from controlplane.core.reload import ReloadResult, plan_pool, restart_needed
+from controlplane.core.replica_loss import Bounds, TenantBounds
 from controlplane.runtime import PoolRuntime
 from controlplane.state_keeper import StateKeeper
 from controlplane.store.base import StoreError
@@ -63,6 +70,9 @@ class ConfigReloader:
     API (the base their changes apply to), and replaced here as each pool reloads.
     keeper: the state keeper once started (None before: no stored change is replayed).
     leading: whether this replica leads now. on_result: counts each reload's result.
+    live_bounds: the slot bounds the replica groups' members run with under the replicas lost
+    now, for a loaded config (controlplane/replica_watch.py; called with `lock` held); None:
+    every member runs the file's division.
     """
 
     def __init__(
@@ -76,6 +86,7 @@ class ConfigReloader:
         keeper: Callable[[], StateKeeper | None],
         leading: Callable[[], bool],
         on_result: Callable[[ReloadResult], None],
+        live_bounds: Callable[[SlotshiftConfig], Bounds] | None = None,
     ) -> None:
         self.source = source
         self.config = config
@@ -86,6 +97,7 @@ class ConfigReloader:
         self._keeper = keeper
         self._leading = leading
         self._on_result = on_result
+        self._live_bounds = live_bounds
         self.lock = asyncio.Lock()
         """Held while a reload applies; an election's restore holds it too (controlplane/
         server.py), so that a pool is restored on one base or the other, never half."""
@@ -176,6 +188,7 @@ class ConfigReloader:
         do); whether a follower took a changed file as its base. StoreError from the store."""
         adopted = False
         keeper = self._keeper()
+        live = {} if self._live_bounds is None else self._live_bounds(loaded)
         for file_after in loaded.pools:
             name = file_after.name
             runtime = self._runtimes[name]
@@ -188,7 +201,10 @@ class ConfigReloader:
                     self._file_pools[name] = file_after
                     adopted = True
                     continue
-                if await self._reload_pool(runtime, file_before, file_after, keeper, trigger):
+                bounds = live.get(name)
+                if await self._reload_pool(
+                    runtime, file_before, file_after, keeper, trigger, bounds
+                ):
                     changed.append(name)
                 self._file_pools[name] = file_after
         return adopted
@@ -200,13 +216,16 @@ class ConfigReloader:
         file_after: PoolConfig,
         keeper: StateKeeper | None,
         trigger: str,
+        bounds: Mapping[str, TenantBounds] | None,
     ) -> bool:
-        """Apply one pool's new file (its `changing` lock held); whether it runs a new config
-        version since."""
+        """Apply one pool's new file (its `changing` lock held), its tenants held to `bounds`
+        when given (a replica group's live division); whether it runs a new config version
+        since."""
         state = runtime.state
         name = state.pool.name
         stored = [] if keeper is None else await keeper.live_changes(name)
-        plan = plan_pool(
+        plan_of = functools.partial(
+            plan_pool,
             running=state.pool,
             running_digests=state.key_digests,
             file_before=file_before,
@@ -214,6 +233,18 @@ class ConfigReloader:
             stored=stored,
             digester=self._digester,
         )
+        try:
+            plan = plan_of(bounds=bounds)
+        except ValueError as exc:
+            # Not expected (the live division of a valid group fits each member), but a reload
+            # never fails for it: the file's own division is valid.
+            logger.error(
+                "pool %s: the live division of its replica group is no valid pool (%s); it "
+                "takes the file's",
+                name,
+                exc,
+            )
+            plan = plan_of(bounds=None)
         for override in plan.stale:
             logger.warning(
                 "pool %s: stored admin change v%d holds key digests of scheme %s: left out of "

@@ -62,6 +62,9 @@ class TelemetryRecord:
     gpu_utilization_pct: float
     trace_context: Mapping[str, str] = field(default_factory=dict)
     """W3C context of the agent's span that sent the report (decisions link to it)."""
+    engine_scraped: bool = True
+    """Whether the agent could scrape the engine's /metrics for this report (EngineSample's
+    scrape_ok): false is the signal of a lost replica (controlplane/core/replica_loss.py)."""
 
 
 class PoolState:

@@ -34,6 +34,7 @@ from controlplane.leadership import LeaderElection
 from controlplane.metrics import ControlPlaneMetrics
 from controlplane.pool_state import PoolState
 from controlplane.reflection import add_reflection
+from controlplane.replica_watch import ReplicaWatch
 from controlplane.runtime import PoolRuntime
 from controlplane.service.admin_service import PoolAdminService
 from controlplane.service.gateway_service import GatewayStreamService
@@ -155,6 +156,16 @@ class ControlPlane:
         self._leader_tasks = Supervisor("controlplane-leader")
         self.election: LeaderElection | None = None
         """This replica's part in the leader election, once start() has opened the store."""
+        self.replica_watch = ReplicaWatch(
+            lambda: self.config,
+            self.runtimes,
+            settings=settings.replica_loss,
+            clock=self._clock,
+            lock=self._reload_lock,
+            keeper=lambda: self.keeper,
+        )
+        """The replica groups' lost members (controlplane/replica_watch.py); it runs while this
+        replica leads."""
         self._reloader = (
             None
             if source is None
@@ -167,6 +178,7 @@ class ControlPlane:
                 keeper=lambda: self.keeper,
                 leading=lambda: self._leading,
                 on_result=self.metrics.observe_config_reload,
+                live_bounds=self.replica_watch.bounds,
             )
         )
         self.deposed = asyncio.Event()
@@ -274,6 +286,7 @@ class ControlPlane:
         tasks.spawn("state-store/versions", keeper.keep_versions_ahead())
         tasks.spawn("state-store/retention", keeper.apply_retention())
         tasks.spawn("state-store/gateways", keeper.keep_gateways())
+        tasks.spawn("replica-watch", self.replica_watch.run())
         for name, runtime in self.runtimes.items():
             tasks.spawn(f"decision-loop/{name}", runtime.decisions())
             tasks.spawn(f"regrants/{name}", runtime.regrants())

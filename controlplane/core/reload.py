@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from controlplane.core.overrides import Dropped, Override, replay
+from controlplane.core.replica_loss import TenantBounds, with_bounds
 from slotshift.config import PoolConfig, SlotshiftConfig, TenantConfig
 from slotshift.keys import KeyDigester
 
@@ -116,26 +117,29 @@ def plan_pool(
     file_after: PoolConfig,
     stored: Sequence[Override],
     digester: KeyDigester,
+    bounds: Mapping[str, TenantBounds] | None = None,
 ) -> PoolReload:
     """One pool's reload: the file's pool moved from `file_before` to `file_after`; the pool runs
     `running` (with `running_digests`), which is `file_before` with the live `stored` admin
     changes on top. When the file's pool is unchanged, nothing is touched. Otherwise the stored
     changes are replayed on `file_after` as a restart replays them (`replay`: a change whose
     fields the file changed is dropped, the file wins), and the action says how the result
-    differs from what runs: not at all ("none"), in keys only ("keys"), or more ("config")."""
+    differs from what runs: not at all ("none"), in keys only ("keys"), or more ("config").
+    `bounds` (tenant -> its floor and ceiling slots; a replica group's division over its live
+    members, controlplane/core/replica_loss.py) overrides the file's bounds of the tenants it
+    names in the result; ValueError (pydantic's ValidationError) when that is no valid pool."""
     if file_before == file_after:
         return PoolReload("none", running, dict(running_digests), ())
     changes = tuple(pool_changes(file_before, file_after)) or ("the pool's config",)
     result = replay(file_after, stored, digester)
-    if _settings(result.pool) != _settings(running):
+    pool = result.pool if bounds is None else with_bounds(result.pool, bounds)
+    if _settings(pool) != _settings(running):
         action: PoolAction = "config"
     elif result.key_digests != dict(running_digests):
         action = "keys"
     else:
         action = "none"
-    return PoolReload(
-        action, result.pool, result.key_digests, changes, result.dropped, result.stale
-    )
+    return PoolReload(action, pool, result.key_digests, changes, result.dropped, result.stale)
 
 
 def _settings(pool: PoolConfig) -> dict[str, Any]:

@@ -104,4 +104,5 @@ class TelemetryIngestService(telemetry_pb2_grpc.TelemetryServiceServicer):
             gpu_emulated=report.gpu_source == telemetry_pb2.GPU_SOURCE_EMULATED,
             gpu_utilization_pct=sum(g.utilization_pct for g in gpus) / len(gpus) if gpus else 0.0,
             trace_context=dict(report.trace_context),
+            engine_scraped=engine.scrape_ok,
         )

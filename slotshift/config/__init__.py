@@ -43,6 +43,7 @@ from slotshift.config.services import (
     ControlPlaneConfig,
     GatewayConfig,
     GpuSelector,
+    ReplicaLossConfig,
     RequestLogConfig,
 )
 from slotshift.config.source import ConfigSource
@@ -69,6 +70,7 @@ __all__ = [
     "PositiveSeconds",
     "PreemptionConfig",
     "ReplicaGroupConfig",
+    "ReplicaLossConfig",
     "RequestLogConfig",
     "ServerTlsConfig",
     "SloPolicyConfig",

@@ -16,6 +16,31 @@ ControlPlaneTarget = str | Annotated[list[str], Field(min_length=1)]
 """Where a gateway or an agent finds the control plane: one host:port, or one per replica."""
 
 
+class ReplicaLossConfig(ConfigModel):
+    """When the control plane takes a replica group's member for lost, and for back
+    (docs/operations.md, "Replica groups"): the signal is the member's telemetry (its agent's
+    latest report says the engine could not be scraped, or its reports went silent); a lost
+    member's floor and ceiling slots are divided over the live members until it is back."""
+
+    lost_after_s: Annotated[float, Field(ge=0)] = 2.0
+    """Seconds the signal must say down, at every check, before the member is taken for lost:
+    one failed scrape (the agent reports every agent.interval_s) does not move the slots, a
+    dead engine does within about interval_s + this + check_interval_s."""
+
+    back_after_s: Annotated[float, Field(ge=0)] = 5.0
+    """Seconds the signal must say up, at every check, before a lost member is back and the
+    group's division restored: longer than lost_after_s, so that an engine that flaps is taken
+    back only once it has stayed up."""
+
+    silent_after_s: PositiveSeconds = 3.0
+    """A member whose agent's latest report is older than this counts as down (its agent, or
+    its node, gone): three reports missed at the agent's default interval of 1 s. A member
+    never heard from since the control plane started never counts as down."""
+
+    check_interval_s: PositiveSeconds = 0.5
+    """Seconds between two looks at every member's signal."""
+
+
 class ControlPlaneConfig(ConfigModel):
     """The control plane's server and decision loop."""
 
@@ -42,6 +67,10 @@ class ControlPlaneConfig(ConfigModel):
 
     telemetry_stale_after_s: PositiveSeconds = 5.0
     """Telemetry older than this is marked stale in decisions."""
+
+    replica_loss: ReplicaLossConfig = Field(default_factory=ReplicaLossConfig)
+    """When a replica group's member is taken for lost and its slot figures go to the live
+    members, and when it is back."""
 
     shutdown_grace_s: PositiveSeconds = 5.0
     """Seconds open streams get to finish when the server stops."""
