@@ -991,7 +991,11 @@ def lp_dual_bound(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> float:
             row = next((i for i in covering if a[i, j] > 0), None)
             if row is None:
                 raise ValueError("the dual point cannot be made feasible")
-            dual[row] += shortfall / a[row, j]
+            # A hair more than short: the product is rounded again at the check below, and a
+            # point a rounding error from feasible would be refused (covering rows are
+            # non-negative, so more on them keeps every column feasible and only raises the
+            # bound, here by about 1e-9 x the row's right-hand side).
+            dual[row] += (shortfall + 1e-9 * max(1.0, abs(float(c[j])))) / a[row, j]
     if np.any(a.T @ dual < c):
         raise ValueError("the dual point is not feasible")
     return float(b @ dual)
