@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,10 +32,22 @@ from slotshift_tools.twin.frontier import (
     throughput_bound,
 )
 
+_OPEN_LOOP_LENDER = {
+    "arrival": {"kind": "on_off", "on_s": 1.0, "off_s": 1.0, "rate_per_s": 20.0},
+    "slo": {"ttft_ms": 150, "e2el_ms": 600},
+}
+"""A bursty open-loop tenant with a TTFT objective tight enough that the split matters."""
 
-def _tiny(gateways: int = 1) -> Scenario:
-    """A bursty open-loop tenant and a backlogged preemptible batch tenant on 12 slots, with a
-    TTFT objective tight enough that the split matters."""
+_CLOSED_LOOP_LENDER = {
+    "arrival": {"kind": "on_off", "on_s": 1.0, "off_s": 1.0, "concurrency": 6},
+    "slo": {"ttft_ms": 1000, "e2el_ms": 3000},
+}
+"""A closed loop that switches on and off (6 clients, half the budget), with objectives loose
+enough that every split meets them."""
+
+
+def _tiny(gateways: int = 1, lender: dict[str, Any] = _OPEN_LOOP_LENDER) -> Scenario:
+    """The lender A beside a backlogged preemptible batch tenant B on 12 slots."""
     return parse_scenario(
         {
             "name": "tiny",
@@ -46,47 +59,9 @@ def _tiny(gateways: int = 1) -> Scenario:
                     "name": "A",
                     "api_keys": ["key-a"],
                     "floor_slots": 1,
-                    "arrival": {"kind": "on_off", "on_s": 1.0, "off_s": 1.0, "rate_per_s": 20.0},
                     "prompt_tokens": 64,
                     "output_tokens": 32,
-                    "slo": {"ttft_ms": 150, "e2el_ms": 600},
-                },
-                {
-                    "name": "B",
-                    "api_keys": ["key-b"],
-                    "floor_slots": 1,
-                    "preemptible": True,
-                    "arrival": {"kind": "closed_loop", "outstanding": 16},
-                    "prompt_tokens": 128,
-                    "output_tokens": {"min_tokens": 96, "max_tokens": 160},
-                    "slo": {"e2el_ms": 4000},
-                },
-            ],
-            "policies": ["static"],
-            "warmup_s": 1.0,
-            "steady_s": 5.0,
-        }
-    )
-
-
-def _tiny_closed_lender() -> Scenario:
-    """The lender a closed loop that switches on and off (6 clients, half the budget), beside a
-    backlogged preemptible batch tenant; objectives loose enough that every split meets them."""
-    return parse_scenario(
-        {
-            "name": "tiny-closed-lender",
-            "seed": 7,
-            "budget_slots": 12,
-            "gateways": 1,
-            "tenants": [
-                {
-                    "name": "A",
-                    "api_keys": ["key-a"],
-                    "floor_slots": 1,
-                    "arrival": {"kind": "on_off", "on_s": 1.0, "off_s": 1.0, "concurrency": 6},
-                    "prompt_tokens": 64,
-                    "output_tokens": 32,
-                    "slo": {"ttft_ms": 1000, "e2el_ms": 3000},
+                    **lender,
                 },
                 {
                     "name": "B",
@@ -108,7 +83,8 @@ def _tiny_closed_lender() -> Scenario:
 
 @cache
 def _candidates(scenario: str = "tiny") -> tuple[OracleRun, ...]:
-    problem = frontier_problem(_tiny() if scenario == "tiny" else _tiny_closed_lender())
+    lender = _OPEN_LOOP_LENDER if scenario == "tiny" else _CLOSED_LOOP_LENDER
+    problem = frontier_problem(_tiny(lender=lender))
     return tuple(simulate_schedule(problem, s) for s in candidate_schedules(problem, quick=True))
 
 
