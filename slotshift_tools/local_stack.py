@@ -114,6 +114,19 @@ def needs_stream_tokens(config: SlotshiftConfig) -> bool:
     return not configured and not auth.insecure_allow_unauthenticated
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` ports at HOST that were free a moment ago, all different (held open together
+    while they are picked); whoever binds one soon after fails loudly if another program took
+    it in between."""
+    with ExitStack() as sockets:
+        ports = []
+        for _ in range(count):
+            sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((HOST, 0))
+            ports.append(int(sock.getsockname()[1]))
+    return ports
+
+
 @dataclass(frozen=True)
 class StackPorts:
     """The ports a tool's own stack listens on, all at HOST."""
@@ -128,12 +141,7 @@ class StackPorts:
     def free(cls, gateways: int) -> StackPorts:
         """Ports that were free a moment ago, all different (the services bind them soon after;
         another program taking one in between makes that service fail to start, loudly)."""
-        with ExitStack() as sockets:
-            ports = []
-            for _ in range(4 + gateways):
-                sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                sock.bind((HOST, 0))
-                ports.append(int(sock.getsockname()[1]))
+        ports = free_ports(4 + gateways)
         return cls(ports[0], ports[1], ports[2], ports[3], tuple(ports[4:]))
 
     @property

@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from slotshift_tools.gateway_bench.upstream import MODEL
 from slotshift_tools.local_stack import (
     STREAM_TOKENS_FOLDER,
     StreamTokenFiles,
+    free_ports,
     generated_tenant_keys,
     grpc_serving,
 )
@@ -66,17 +65,6 @@ class Targets:
     gateway: str
     haproxy: str | None
     keys: dict[str, str]
-
-
-def free_ports(count: int) -> list[int]:
-    """Ports that were free a moment ago, all different."""
-    with ExitStack() as sockets:
-        ports = []
-        for _ in range(count):
-            sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((HOST, 0))
-            ports.append(int(sock.getsockname()[1]))
-    return ports
 
 
 def tenant_keys() -> dict[str, str]:

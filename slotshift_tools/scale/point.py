@@ -29,10 +29,8 @@ import multiprocessing
 import multiprocessing.context
 import os
 import signal
-import socket
 import sys
 from collections.abc import Coroutine, Mapping, Sequence
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +48,7 @@ from slotshift_tools.bench.summary import DISTURBED_LOOP_LAG_P99_MS
 from slotshift_tools.local_stack import (
     STREAM_TOKENS_FOLDER,
     StreamTokenFiles,
+    free_ports,
     generated_tenant_keys,
     grpc_serving,
 )
@@ -169,16 +168,6 @@ def assign_gateways(gateways: int, processes: int) -> list[tuple[int, ...]]:
     """Gateways 0..G-1 dealt round-robin to the processes (none left empty)."""
     processes = max(1, min(processes, gateways))
     return [tuple(range(p, gateways, processes)) for p in range(processes)]
-
-
-def _free_ports(count: int) -> list[int]:
-    with ExitStack() as sockets:
-        ports = []
-        for _ in range(count):
-            sock = sockets.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            sock.bind((HOST, 0))
-            ports.append(int(sock.getsockname()[1]))
-    return ports
 
 
 class DecisionReader:
@@ -359,7 +348,7 @@ class _Processes:
 async def run_point(settings: PointSettings, out_dir: Path, clock: Clock) -> dict[str, Any]:
     """Measure one point (module docstring); returns its JSON document, also written to
     `out_dir/point.json`. PointError when a process fails to start or dies."""
-    grpc_port, metrics_port = _free_ports(2)
+    grpc_port, metrics_port = free_ports(2)
     data = controlplane_config_data(settings, grpc_port, metrics_port)
     data["tenant_keys"] = await asyncio.to_thread(generated_tenant_keys, out_dir)
     # The simulated gateways authenticate as real ones do: the per-message cost measured is

@@ -11,13 +11,13 @@ import pytest
 
 from admission_gateway.resume import Resumption, SseDecoder, is_done
 from slotshift_tools.gateway_bench.measure import EventCounter
-from slotshift_tools.gateway_bench.processes import free_ports
 from slotshift_tools.gateway_bench.upstream import (
     TOKEN_ID,
     parse_generation,
     serve,
     text_prompt_ids,
 )
+from slotshift_tools.local_stack import free_ports
 
 
 def test_an_event_end_split_across_reads_is_counted_once() -> None:
