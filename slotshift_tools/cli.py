@@ -56,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--event-loop",
         choices=EVENT_LOOPS,
         default=os.environ.get("SLOTSHIFT_EVENT_LOOP", "uvloop"),
-        help="a service's event loop: uvloop (libuv; less CPU per message) or asyncio's own "
-        "(env SLOTSHIFT_EVENT_LOOP; default %(default)s)",
+        help="a service's event loop (with up: every service's): uvloop (libuv; less CPU per "
+        "message) or asyncio's own (env SLOTSHIFT_EVENT_LOOP; default %(default)s)",
     )
     common.add_argument(
         "--log-level",
@@ -329,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
         return run_state(config, args.action, pool=args.pool)
     if args.command == "up":
         from slotshift_tools.local_stack import run_local_stack
+
+        # The stack's services are its children: they read the choice from their environment.
+        os.environ["SLOTSHIFT_EVENT_LOOP"] = args.event_loop
 
         return asyncio.run(
             run_local_stack(
