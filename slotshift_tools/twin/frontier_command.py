@@ -35,6 +35,7 @@ from slotshift_tools.twin.frontier import (
     frontier_points,
     frontier_problem,
     goodput,
+    is_lender_safe,
     lender_safe_runs,
     min_attainment,
     nominal_static_run,
@@ -61,15 +62,13 @@ class PolicyPoint:
     the split was not simulated)."""
     safe_frontier_tok_s: float | None
     """F_safe at the run's own minimum attainment (the best lender-safe candidate)."""
+    lender_safe: bool
+    """Whether the run is lender-safe against the nominal static split (`is_lender_safe`);
+    False when the split was not simulated."""
 
     @property
     def min_attainment(self) -> float:
         return min_attainment(self.attainment)
-
-    @property
-    def lender_safe(self) -> bool:
-        """Every tenant's goodput at least LENDER_SAFE_RATIO of the nominal static split's."""
-        return all(v is None or v >= LENDER_SAFE_RATIO for v in self.goodput_vs_static.values())
 
     @property
     def safe_ratio(self) -> float | None:
@@ -129,13 +128,15 @@ def place(
     window: Window,
     problem: FrontierProblem,
     runs: Sequence[OracleRun],
+    safe_runs: Sequence[OracleRun],
 ) -> PolicyPoint:
     """Where a run lands: its output throughput, attainment and goodput by the oracle's own
-    functions, and F and F_safe at its own minimum attainment."""
+    functions, and F (among `runs`) and F_safe (among `safe_runs`, `lender_safe_runs(runs)`) at
+    its own minimum attainment."""
     per_tenant = attainment(traces, window, problem.slos)
     level = min_attainment(per_tenant)
     best = feasible_at(runs, level)
-    best_safe = feasible_at(lender_safe_runs(runs), level)
+    best_safe = feasible_at(safe_runs, level)
     static = nominal_static_run(runs)
     served = goodput(traces, window, problem.slos)
     return PolicyPoint(
@@ -153,6 +154,7 @@ def place(
             for tenant, value in served.items()
         },
         safe_frontier_tok_s=None if best_safe is None else best_safe.output_throughput,
+        lender_safe=static is not None and is_lender_safe(served, static.goodput),
     )
 
 
@@ -197,9 +199,11 @@ def compute_frontier(
     without = throughput_bound(problem, pausing=False)
     bound = max(with_pausing.total_tok_s, without.total_tok_s)
     points = frontier_points(runs, bound, levels)
-    safe_points = frontier_points(lender_safe_runs(runs), bound, levels)
+    safe_runs = lender_safe_runs(runs)
+    safe_points = frontier_points(safe_runs, bound, levels)
     policies = [
-        place(name, traces, window, problem, runs) for name, (traces, window) in simulated.items()
+        place(name, traces, window, problem, runs, safe_runs)
+        for name, (traces, window) in simulated.items()
     ]
     return FrontierResult(
         scenario=scenario.name,

@@ -21,7 +21,7 @@ from slotshift.v1 import gateway_pb2, query_pb2, query_pb2_grpc
 from tests.e2e.service_processes import ServiceProcesses, grpc_serving, http_ok, wait_ready
 from tests.e2e.test_chaos import BUDGET, Load, driven_load
 from tests.postgres import PostgresServer
-from tests.support import TEST_TENANT_KEYS, free_port, wait_until
+from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -44,7 +44,6 @@ class Ports:
 def _config(ports: Ports, dsn_file: Path) -> dict[str, Any]:
     targets = [ports.target(name) for name in ports.replicas]
     return {
-        "tenant_keys": TEST_TENANT_KEYS,
         "pools": [
             {
                 "name": "default",

@@ -18,7 +18,7 @@ import pytest
 from slotshift.v1 import admin_pb2, admin_pb2_grpc, query_pb2, query_pb2_grpc
 from tests.e2e.service_processes import ServiceProcesses, grpc_serving, http_ok, wait_ready
 from tests.postgres import PostgresServer
-from tests.support import TEST_TENANT_KEYS, free_port, wait_until
+from tests.support import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -40,7 +40,6 @@ class Ports:
 
 def _config(ports: Ports, store: dict[str, Any]) -> dict[str, Any]:
     return {
-        "tenant_keys": TEST_TENANT_KEYS,
         "pools": [
             {
                 "name": "default",
