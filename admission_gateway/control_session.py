@@ -204,6 +204,7 @@ class ControlSession:
                 observed_at=to_timestamp(self._clock.wall()),
                 tenants=figures,
                 delta=delta,
+                tokens=() if delta else self._tokens(),
             )
             # The line's text costs more than applying the update: built only when logged.
             if logger.isEnabledFor(logging.INFO):
@@ -257,6 +258,7 @@ class ControlSession:
                     observed_at=to_timestamp(self._clock.wall()),
                     tenants=figures,
                     delta=delta,
+                    tokens=() if delta else self._tokens(),
                 )
                 await self._write(stream, writes, gateway_pb2.GatewayMessage(demand=report))
         except STREAM_GONE:
@@ -273,7 +275,22 @@ class ControlSession:
             applied_version=self._state.applied_version,
             observed_at=to_timestamp(self._clock.wall()),
             tenants=figures,
+            tokens=self._tokens(),
         )
+
+    def _tokens(self) -> list[common_pb2.TenantTokens]:
+        """Every tenant's tokens per model here, for a full report (never a delta: the counts
+        move with every request, and the control plane needs them only every few seconds)."""
+        return [
+            common_pb2.TenantTokens(
+                tenant=name,
+                model=model,
+                prompt_tokens_total=totals.prompt_tokens_total,
+                completion_tokens_total=totals.completion_tokens_total,
+            )
+            for name, tenant in self._state.tenants.items()
+            for model, totals in tenant.tokens.items()
+        ]
 
     def _changed_figures(self) -> tuple[list[common_pb2.TenantDemand], bool]:
         """The figures for a report or an ack, and whether they are a delta."""

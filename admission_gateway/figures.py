@@ -10,22 +10,24 @@ slot), so only its histogram (and the log) is fed here.
 
 A /v1 generation request gets its observation from `RequestFigures.begin` on arrival, and ends
 it with `responded` (the handler returned a response) or `failed` (it raised): that is where its
-log line is written, one per request whatever the path (ordinary or resumable).
+tokens are counted to its tenant (admission_gateway/token_usage.py: the engine's usage, or what a
+cut stream delivered) and its log line is written, once per request whatever the path (ordinary
+or resumable).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from admission_gateway.admission import REJECTION_REASONS, Slot
 from admission_gateway.errors import OpenAIError
-from admission_gateway.first_token import FirstTokenDetector, StreamTally
+from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import TenantState
 from admission_gateway.metrics import GatewayMetrics
+from admission_gateway.token_usage import UsageScanner, ask_for_usage, usage_of_answer
 from slotshift.clock import Clock
 from slotshift.request_log import (
     SESSION_HEADER,
@@ -53,10 +55,12 @@ class RequestLog:
 class RequestFigures:
     """Records requests' figures, measured from their arrival on `clock`'s monotonic time."""
 
-    def __init__(self, metrics: GatewayMetrics, clock: Clock) -> None:
+    def __init__(self, metrics: GatewayMetrics, clock: Clock, *, count_tokens: bool = True) -> None:
         self._metrics = metrics
         self._clock = clock
         self._log: RequestLog | None = None
+        self.count_tokens = count_tokens
+        """Count every request's tokens to its tenant (gateway.count_tokens)."""
 
     def record_to(self, log: RequestLog | None) -> None:
         """Write a record of every request that ends from now on to `log` (None: stop)."""
@@ -90,8 +94,8 @@ class RequestFigures:
 
 class RequestObservation:
     """One generation request's figures, from arrival to end (see the module docstring). The
-    relays feed it as the answer passes; what only the log needs (token counts, the request's
-    shape) is gathered only when a log is on."""
+    relays feed it as the answer passes; what only the log needs (the request's shape) is
+    gathered only when a log is on."""
 
     def __init__(
         self,
@@ -111,12 +115,16 @@ class RequestObservation:
         self._arrived_wall = self._clock.wall()
         self._route = route
         self._session_id = headers.get(SESSION_HEADER) if self._log is not None else None
+        self._counting = figures.count_tokens
         self._streamed: bool | None = None
+        self._model = ""
         self._max_tokens: int | None = None
         self._queue_wait_s: float | None = None
         self._ttft_s: float | None = None
         self._detector = FirstTokenDetector()
-        self._tally = StreamTally() if self._log is not None else None
+        self._scanner: UsageScanner | None = None
+        """Reads a streamed answer's events on their way, when tokens are counted or logged."""
+        self._answered = False
         self._prompt_tokens: int | None = None
         self._output_tokens: int | None = None
         self._output_from: TokenSource | None = None
@@ -129,12 +137,18 @@ class RequestObservation:
         """Whether this request's end is written to a request log."""
         return self._log is not None
 
-    def asked(self, document: Mapping[str, Any]) -> None:
-        """The request's body, parsed: its shape (streamed, max_tokens) and its `user`, kept for
-        the log; nothing of its content is kept."""
+    def asked(self, document: Mapping[str, Any], *, model: str = "") -> None:
+        """The request's body, parsed: whether it streams, and with a log on its max_tokens and
+        its `user`; nothing of its content is kept. Its tokens count under `model` (its pool's
+        model, whatever alias it named) or, when that is empty, the model it names (counted only
+        once the engine answered, so only names the engine serves become labels)."""
+        self._streamed = bool(document.get("stream"))
+        named = document.get("model")
+        self._model = model or (named if isinstance(named, str) else "")
+        if self._streamed and (self._counting or self._log is not None):
+            self._scanner = UsageScanner()
         if self._log is None:
             return
-        self._streamed = bool(document.get("stream"))
         bound = document.get("max_completion_tokens", document.get("max_tokens"))
         if isinstance(bound, int) and not isinstance(bound, bool) and bound >= 0:
             self._max_tokens = bound
@@ -159,28 +173,41 @@ class RequestObservation:
         into the window and the histogram."""
         self._figures._e2e(self.tenant, self._clock.monotonic() - self.arrived)
 
-    def streamed(self, chunk: bytes) -> None:
-        """`chunk` of the engine's event stream went to the client: the first token, when it
-        completes the first content event; with a log on, the events and usage are counted."""
-        if self._tally is not None:
-            if self._tally.feed(chunk):
-                self.first_token()
-        elif not self._detector.found and self._detector.feed(chunk):
+    def upstream_body(self, document: Mapping[str, Any], body: bytes) -> bytes:
+        """What to send the engine for the request `document` (parsed from `body`, `asked`
+        already): with tokens counted, a stream asks for the engine's usage event, which
+        `streamed` then hides from a client who did not ask for it (token_usage.py)."""
+        if not (self._counting and self._streamed and self._scanner is not None):
+            return body
+        asked = ask_for_usage(document, body)
+        if asked is None:
+            return body
+        self._scanner.hide_usage = True
+        return asked
+
+    def streamed(self, chunk: bytes) -> bytes:
+        """`chunk` of the engine's event stream came (b"": the stream ended): what to relay to
+        the client now (token_usage.UsageScanner: whole events, less a hidden usage event).
+        The first token, when it completes the first content event."""
+        self._answered = True
+        scanner = self._scanner
+        if scanner is not None:
+            chunk = scanner.feed(chunk) if chunk else scanner.flush()
+        if chunk and not self._detector.found and self._detector.feed(chunk):
             self.first_token()
+        return chunk
 
     def answered(self, status: int, content: bytes) -> None:
-        """The engine's whole answer (not streamed) was read: a success completes the request;
-        with a log on, its `usage` gives the token counts."""
-        if status < 400:
-            self.completed()
-        if self._log is None or status >= 400:
+        """The engine's whole answer (not streamed) was read: a success completes the request,
+        and its `usage` gives the token counts."""
+        if status >= 400:
             return
-        try:
-            usage = json.loads(content).get("usage")
-        except (ValueError, AttributeError):
-            return
-        if isinstance(usage, dict):
-            self._take_usage(usage.get("prompt_tokens"), usage.get("completion_tokens"))
+        self.completed()
+        self._answered = True
+        if self._counting or self._log is not None:
+            usage = usage_of_answer(content)
+            if usage is not None:
+                self._take_usage(*usage)
 
     def counted(self, *, prompt_tokens: int | None, output_tokens: int, pauses: int) -> None:
         """A resumable request's own counts (admission_gateway/resume.py), from the token ids
@@ -222,25 +249,40 @@ class RequestObservation:
         else:
             self._end(Outcome.GATEWAY_ERROR, type(exc).__name__, 500)
 
-    def _take_usage(self, prompt: Any, completion: Any) -> None:
-        if isinstance(prompt, int) and prompt >= 0:
-            self._prompt_tokens = prompt
-        if isinstance(completion, int) and completion >= 0:
-            self._output_tokens = completion
-            self._output_from = "usage"
+    def _take_usage(self, prompt: int, completion: int) -> None:
+        self._prompt_tokens = prompt
+        self._output_tokens = completion
+        self._output_from = "usage"
+
+    def _settle_tokens(self) -> None:
+        """The request's token counts, from the best source it had: the resume relay's token ids,
+        the engine's usage, else the content events of a stream (token_usage.py: a lower bound,
+        and no prompt count); counted to the tenant when the engine answered."""
+        scanner = self._scanner
+        if self._output_from is None and scanner is not None:
+            if scanner.usage is not None:
+                self._take_usage(*scanner.usage)
+            elif scanner.events:
+                # Less the events before the first token (chat's role-only opening) and [DONE].
+                skipped = self._detector.events_before + scanner.done
+                self._output_tokens = max(0, scanner.events - skipped)
+                self._output_from = "stream_events"
+        # A resumable request is answered once the engine generated for it; one it refused
+        # (its prompt known from its token ids all the same) counts nothing.
+        resumed = self._output_from == "token_ids" and bool(self._output_tokens)
+        if self._counting and (self._answered or resumed):
+            self.tenant.count_tokens(
+                self._model, self._prompt_tokens or 0, self._output_tokens or 0
+            )
 
     def _end(self, outcome: Outcome, reason: str | None, status: int | None) -> None:
-        log = self._log
-        if log is None or self._ended:
+        if self._ended:
             return
         self._ended = True
-        tally = self._tally
-        if tally is not None and self._output_from is None:
-            if tally.completion_tokens is not None:
-                self._take_usage(tally.prompt_tokens, tally.completion_tokens)
-            elif tally.fed:
-                self._output_tokens = tally.content_events
-                self._output_from = "stream_events"
+        self._settle_tokens()
+        log = self._log
+        if log is None:
+            return
         session = None
         if log.sessions is not None and self._session_id:
             session = log.sessions.session(self.tenant.name, self._session_id)

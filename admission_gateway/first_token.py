@@ -1,11 +1,10 @@
-"""Spotting the first generated token in an OpenAI-style server-sent event stream, and counting
-the rest for the request log.
+"""Spotting the first generated token in an OpenAI-style server-sent event stream.
 
 Time to first token is measured at the first event that carries generated content: vLLM's
 chat streams open with an event that carries only the assistant role, which is no token yet.
-`FirstTokenDetector` stops reading once it has seen it; `StreamTally`, used only when the
-request log is on, reads every event (a JSON parse each) to count content events and keep the
-usage the engine sent, if any.
+`FirstTokenDetector` stops reading once it has seen it, so the rest of the stream costs nothing
+(the token counts come from admission_gateway/token_usage.py, which parses no event but the
+usage).
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ class FirstTokenDetector:
         self._max_line_bytes = max_line_bytes
         self.found = False
         """Whether an event with generated content has been seen."""
+        self.events_before = 0
+        """Events before the first with content (a chat stream's role-only opening event)."""
 
     def feed(self, chunk: bytes) -> bool:
         """Consume the next bytes; True once the first content event is complete."""
@@ -38,60 +39,16 @@ class FirstTokenDetector:
                 break
             line = bytes(self._buffer[:end]).rstrip(b"\r")
             del self._buffer[: end + 1]
-            if line.startswith(b"data:") and _carries_content(line[5:].strip()):
-                self.found = True
-                self._buffer.clear()
-                return True
+            if line.startswith(b"data:"):
+                if _carries_content(line[5:].strip()):
+                    self.found = True
+                    self._buffer.clear()
+                    return True
+                self.events_before += 1
         if len(self._buffer) > self._max_line_bytes:
             # No sane event is this long; stop holding memory for it.
             self._buffer.clear()
         return False
-
-
-class StreamTally:
-    """Fed the stream's bytes as they pass: how many events carried generated content, and the
-    last token counts the engine's `usage` gave (present when the client asked for
-    `stream_options.include_usage`)."""
-
-    def __init__(self, max_line_bytes: int = 1 << 20) -> None:
-        self._buffer = bytearray()
-        self._max_line_bytes = max_line_bytes
-        self.content_events = 0
-        """Events with generated content so far."""
-        self.prompt_tokens: int | None = None
-        """The usage's prompt tokens, once an event carried usage."""
-        self.completion_tokens: int | None = None
-        """The usage's completion tokens, once an event carried usage."""
-        self.fed = False
-        """Whether any of the stream went by (the engine answered with a stream)."""
-
-    def feed(self, chunk: bytes) -> bool:
-        """Consume the next bytes; True when they completed the stream's first content event."""
-        first = False
-        self.fed = True
-        self._buffer += chunk
-        while True:
-            end = self._buffer.find(b"\n")
-            if end < 0:
-                break
-            line = bytes(self._buffer[:end]).rstrip(b"\r")
-            del self._buffer[: end + 1]
-            if not line.startswith(b"data:"):
-                continue
-            event = _event(line[5:].strip())
-            if event is None:
-                continue
-            if _has_content(event):
-                self.content_events += 1
-                first = first or self.content_events == 1
-            usage = event.get("usage")
-            if isinstance(usage, dict):
-                prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-                if isinstance(prompt, int) and isinstance(completion, int):
-                    self.prompt_tokens, self.completion_tokens = prompt, completion
-        if len(self._buffer) > self._max_line_bytes:
-            self._buffer.clear()
-        return first
 
 
 def _event(data: bytes) -> dict[str, Any] | None:

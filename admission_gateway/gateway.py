@@ -217,6 +217,7 @@ class AdmissionGateway:
             tracer=self._tracer,
             paused_keepalive_interval_s=self._settings.paused_keepalive_interval_s,
             replica_down_s=self._settings.replica_down_s,
+            count_tokens=self._settings.count_tokens,
         )
         app = web.Application(middlewares=[openai_errors])
         app.add_routes(self._proxy.routes())

@@ -17,6 +17,7 @@ from opentelemetry.trace import SpanContext
 
 from admission_gateway.admission import TenantAdmission
 from admission_gateway.latency_window import LatencyWindow
+from admission_gateway.token_usage import TokenTotals
 from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import GatewayConfig, PoolConfig
@@ -68,6 +69,9 @@ class TenantState:
         """Requests whose engine here was lost and that went on at another replica."""
         self.moved_in_total = 0
         """Requests that came here from another replica whose engine was lost."""
+        self.tokens: dict[str, TokenTotals] = {}
+        """model -> the tenant's tokens for it here since start (gateway.count_tokens): what its
+        answers' usage said, or what its cut streams delivered (token_usage.py)."""
         self.target_slots = target_slots
         """This gateway's part of the tenant's pool-wide limit (shown in metrics)."""
         self.decision: SpanContext | None = None
@@ -78,6 +82,14 @@ class TenantState:
         """Time to first token of recent streamed requests, from arrival at the gateway."""
         self.e2e = new_window()
         """End-to-end latency of recent successful requests, from arrival at the gateway."""
+
+    def count_tokens(self, model: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """One request's tokens, for `model` (the routed or the named one)."""
+        totals = self.tokens.get(model)
+        if totals is None:
+            totals = self.tokens[model] = TokenTotals()
+        totals.prompt_tokens_total += prompt_tokens
+        totals.completion_tokens_total += completion_tokens
 
     @property
     def waste_tokens_total(self) -> int:

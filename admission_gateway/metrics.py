@@ -139,8 +139,19 @@ class _StateCollector(Collector):
             "here).",
             labels=[*labels, "direction"],
         )
+        tokens = CounterMetricFamily(
+            "slotshift_gateway_tokens",
+            "Tokens of the tenant's answered requests, by model and kind (prompt, completion): "
+            "the engine's usage, or the content events of a stream cut before it (a lower "
+            "bound). The model is the pool's (its first name), or for a pool naming none the "
+            "one the request named.",
+            labels=[*labels, "model", "kind"],
+        )
         for name, tenant in self._state.tenants.items():
             admission = tenant.admission
+            for model, totals in tenant.tokens.items():
+                tokens.add_metric([pool, name, model, "prompt"], totals.prompt_tokens_total)
+                tokens.add_metric([pool, name, model, "completion"], totals.completion_tokens_total)
             moved.add_metric([pool, name, "out"], tenant.moved_out_total)
             moved.add_metric([pool, name, "in"], tenant.moved_in_total)
             paused.add_metric([pool, name], admission.paused)
@@ -173,6 +184,7 @@ class _StateCollector(Collector):
         )
         connected.add_metric([pool], 1 if self._state.controlplane_connected else 0)
         yield from (
+            tokens,
             paused,
             pauses,
             moved,

@@ -183,12 +183,13 @@ class OpenAIProxy:
         gateway_id: str = "",
         paused_keepalive_interval_s: float = 5.0,
         replica_down_s: float = 2.0,
+        count_tokens: bool = True,
     ) -> None:
         if not pools:
             raise ValueError("a gateway fronts at least one pool")
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
         self._retry_after = {"Retry-After": str(retry_after_s)}
-        self.figures = RequestFigures(metrics, clock)
+        self.figures = RequestFigures(metrics, clock, count_tokens=count_tokens)
         """Where every request's figures go (the gateway points it at the request log)."""
         self._fronts = [
             PoolFront(
@@ -358,12 +359,14 @@ class OpenAIProxy:
         if body is None or document is None:
             body = await self._read_body(request)
             document = _require_json_object(body)
-        observed.asked(document)
+        # Tokens count under the pool's model, whatever alias was named (routing.py).
+        observed.asked(document, model=front.models[0] if front.models else "")
         if tenant.preemptible and front.preemptible is not None:
             why_not = not_resumable(path, document)
             span.set_attribute("slotshift.resumable", why_not is None)
             if why_not is None:
                 return await self._serve_resumable(request, path, document, span, observed, front)
+        body = observed.upstream_body(document, body)
         async with await self._admit(front, tenant, span, observed):
             return await front.relay.forward(request, path, body, observed=observed)
 

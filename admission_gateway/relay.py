@@ -5,9 +5,10 @@ through the shared EngineClient (upstream.py: the connection pool, and the one r
 the engine never received), in a client span ("upstream POST /v1/...") whose context goes to the
 engine in `traceparent`, and relays the answer:
 
-- a streamed answer chunk by chunk as the engine sends it. If the engine fails after the stream
-  has begun, the status can no longer change: the stream ends with an SSE `data: {"error": ...}`
-  event, as vLLM itself does;
+- a streamed answer chunk by chunk as the engine sends it (aligned on its events, less the usage
+  event the gateway asked for on a client's behalf, when tokens are counted: token_usage.py). If
+  the engine fails after the stream has begun, the status can no longer change: the stream ends
+  with an SSE `data: {"error": ...}` event, as vLLM itself does;
 - any other answer whole, with the engine's own status (vLLM's 400, 404, 503, ...) and body; a
   503 without Retry-After gets the gateway's, and an error body that is not JSON (a crashed
   engine's "Internal Server Error") becomes an OpenAI error with the same status;
@@ -197,18 +198,20 @@ class EngineRelay:
             except aiohttp.ClientError as exc:
                 upstream.close()
                 return await _end_stream(response, upstream_failed(exc), observed)
-            if not chunk:
-                break
-            try:
-                await response.write(chunk)
-            except ConnectionResetError:
-                logger.debug("client went away during stream %s", rid)
-                upstream.close()
-                if observed is not None:
-                    observed.cut(Outcome.CANCELLED, "client_disconnected")
-                return response
+            ended = not chunk
             if observed is not None:
-                observed.streamed(chunk)
+                chunk = observed.streamed(chunk)
+            if chunk:
+                try:
+                    await response.write(chunk)
+                except ConnectionResetError:
+                    logger.debug("client went away during stream %s", rid)
+                    upstream.close()
+                    if observed is not None:
+                        observed.cut(Outcome.CANCELLED, "client_disconnected")
+                    return response
+            if ended:
+                break
         if observed is not None:
             observed.completed()
         return response

@@ -39,6 +39,7 @@ from controlplane.registry import (
     row_sum,
     zeros_row,
 )
+from controlplane.token_ledger import TokenCount, TokenLedger
 from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import PoolConfig
@@ -136,6 +137,8 @@ class PoolState:
         """Whether, at the last reconcile, some lender queued where its grant was below its
         target (core/push.py: every shrink is then urgent)."""
         self._waste_samples: deque[tuple[float, int, int]] = deque()
+        self.tokens = TokenLedger()
+        """The tenants' tokens, from the gateways' full reports (ListTenants, GetAllocation)."""
         """(monotonic s, pool output tokens, pool waste tokens) over the waste window."""
         self.decision_wanted = asyncio.Event()
         """Set when something calls for a decision before the next period (the fast path)."""
@@ -322,10 +325,18 @@ class PoolState:
         )
         self.reconcile(resplit=True)
 
+    def record_tokens(self, session: GatewaySession, counts: Iterable[TokenCount]) -> None:
+        """A gateway's token counters, from a full report, acknowledgement or hello (nothing for
+        a session that is not the gateway's live one)."""
+        record = self.gateways.live(session)
+        if record is not None:
+            self.tokens.record(record.gateway_id, counts, self._clock.monotonic())
+
     def expire_leases(self) -> None:
         expired = self.gateways.expire()
         for record in expired:
             self._forget_figures(record)
+            self.tokens.forget(record.gateway_id)
         if expired:
             self.reconcile(resplit=True)
 

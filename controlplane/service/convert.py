@@ -16,9 +16,10 @@ from controlplane.core.push import GatewayRow
 from controlplane.core.snapshot import TelemetryView, TenantLoad
 from controlplane.decision_log import DecisionOutcome, DecisionRecord
 from controlplane.registry import TenantDirectory
+from controlplane.token_ledger import TokenRate
 from slotshift.apportion import nominal_shares
 from slotshift.config import PoolConfig
-from slotshift.v1 import admin_pb2, allocation_pb2, gateway_pb2, query_pb2
+from slotshift.v1 import admin_pb2, allocation_pb2, common_pb2, gateway_pb2, query_pb2
 from slotshift.wire import latency_to_proto, to_timestamp
 
 _OUTCOMES = {
@@ -50,8 +51,17 @@ def allocation_to_proto(
     allocation: Allocation,
     applied_versions: Mapping[str, int],
     part_versions: Mapping[str, int] | None = None,
+    token_rates: Mapping[str, TokenRate] | None = None,
 ) -> allocation_pb2.Allocation:
+    """The snapshot as GetAllocation shows it, with the tenants' `token_rates` now (read at the
+    query, not part of the version)."""
+    rates = token_rates or {}
     return allocation_pb2.Allocation(
+        token_rates=[
+            token_rate_to_proto(tenant, rates[tenant])
+            for tenant in allocation.tenant_limits
+            if tenant in rates
+        ],
         pool=allocation.pool,
         version=allocation.version,
         budget_slots=allocation.budget_slots,
@@ -110,13 +120,28 @@ def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Dec
     )
 
 
+def token_rate_to_proto(tenant: str, rate: TokenRate) -> common_pb2.TenantTokenRate:
+    return common_pb2.TenantTokenRate(
+        tenant=tenant,
+        prompt_tokens_total=rate.prompt_tokens_total,
+        completion_tokens_total=rate.completion_tokens_total,
+        prompt_tokens_per_s=rate.prompt_tokens_per_s,
+        completion_tokens_per_s=rate.completion_tokens_per_s,
+    )
+
+
 def tenant_info(
-    pool: str, allocation: allocation_pb2.TenantAllocation, load: TenantLoad
+    pool: str,
+    allocation: allocation_pb2.TenantAllocation,
+    load: TenantLoad,
+    tokens: TokenRate | None = None,
 ) -> query_pb2.TenantInfo:
-    """One tenant as ListTenants shows it: its allocation and its load summed over the gateways."""
+    """One tenant as ListTenants shows it: its allocation, its load summed over the gateways and
+    its tokens (none counted yet: zeros)."""
     return query_pb2.TenantInfo(
         pool=pool,
         allocation=allocation,
+        tokens=token_rate_to_proto(allocation.tenant, tokens or TokenRate()),
         in_flight=load.in_flight,
         queued=load.queued,
         admitted_total=load.admitted_total,

@@ -16,6 +16,7 @@ from controlplane.pool_state import PoolState
 from controlplane.registry import Delivery, GatewaySession
 from controlplane.service import convert
 from controlplane.service.stream_guard import StreamGuard
+from controlplane.token_ledger import TokenCount
 from slotshift.clock import Clock, SystemClock
 from slotshift.demand import TenantDemand
 from slotshift.trace_context import (
@@ -145,6 +146,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 observed_at_wall_s=_observed_at(hello),
                 trace_context=carrier_of(span),
             )
+            state.record_tokens(session, _tokens(hello))
         reader = asyncio.create_task(
             self._read(state, session, messages),
             name=f"gateway-reader/{hello.gateway_id}",
@@ -179,6 +181,8 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                     observed_at_wall_s=_observed_at(report),
                     delta=report.delta,
                 )
+                if not report.delta:
+                    state.record_tokens(session, _tokens(report))
             elif kind == "ack":
                 ack = message.ack
                 latency = state.record_ack(
@@ -188,6 +192,8 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                     observed_at_wall_s=_observed_at(ack),
                     delta=ack.delta,
                 )
+                if not ack.delta:
+                    state.record_tokens(session, _tokens(ack))
                 if latency is not None and self._on_ack is not None:
                     self._on_ack(state.pool.name, latency)
             # A second hello on the same stream, or a kind this version does not know, is ignored:
@@ -318,6 +324,13 @@ _Figures = gateway_pb2.GatewayHello | gateway_pb2.DemandReport | gateway_pb2.All
 
 def _demands(message: _Figures) -> list[TenantDemand]:
     return [demand_from_proto(t) for t in message.tenants]
+
+
+def _tokens(message: _Figures) -> list[TokenCount]:
+    return [
+        TokenCount(t.tenant, t.model, t.prompt_tokens_total, t.completion_tokens_total)
+        for t in message.tokens
+    ]
 
 
 def _observed_at(message: _Figures) -> float | None:

@@ -63,6 +63,7 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
             state.allocation,
             state.applied_versions(),
             state.gateways.part_versions(),
+            state.tokens.rates(),
         )
 
     async def ListPools(
@@ -98,11 +99,17 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
         tenants = []
         for state in states:
             loads = state.snapshot().tenants
+            rates = state.tokens.rates()
             for allocation in convert.tenant_allocations(
                 state.pool, state.allocation.tenant_limits
             ):
                 tenants.append(
-                    convert.tenant_info(state.pool.name, allocation, loads[allocation.tenant])
+                    convert.tenant_info(
+                        state.pool.name,
+                        allocation,
+                        loads[allocation.tenant],
+                        rates.get(allocation.tenant),
+                    )
                 )
         return query_pb2.ListTenantsResponse(tenants=tenants)
 

@@ -300,6 +300,13 @@ class GatewayConfig(ConfigModel):
     request_log: RequestLogConfig | None = None
     """Record one line per finished request (never prompts, outputs or keys); unset: no log."""
 
+    count_tokens: bool = True
+    """Count every tenant's prompt and completion tokens from the engine's `usage` (metrics, the
+    full reports to the control plane, the request log): a streamed request is sent upstream with
+    `stream_options.include_usage`, and the usage event is taken out of the stream of a client
+    that did not ask for it (docs/operations.md, "Tokens per tenant"). False: bodies go upstream
+    as sent and nothing is counted but what the request log reads from the streams."""
+
 
 GpuIndex = Annotated[int, Field(ge=0)]
 """A GPU by its NVML index: 0, 1, ... in NVML's order, which is PCI bus order (`nvidia-smi`'s),

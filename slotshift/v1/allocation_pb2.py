@@ -23,21 +23,22 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from slotshift.v1 import common_pb2 as slotshift_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dslotshift/v1/allocation.proto\x12\x0cslotshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x8a\x01\n\x10TenantAllocation\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0blimit_slots\x18\x02 \x01(\x05\x12\x13\n\x0b\x66loor_slots\x18\x03 \x01(\x05\x12\x15\n\rceiling_slots\x18\x04 \x01(\x05\x12\x0e\n\x06weight\x18\x05 \x01(\x01\x12\x15\n\rnominal_slots\x18\x06 \x01(\x05\"\x85\x01\n\x12GatewayTenantLimit\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0ctarget_slots\x18\x02 \x01(\x05\x12\x13\n\x0blimit_slots\x18\x03 \x01(\x05\x12\x1e\n\x11pause_above_slots\x18\x04 \x01(\x05H\x00\x88\x01\x01\x42\x14\n\x12_pause_above_slots\"\x89\x01\n\x11GatewayAllocation\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x31\n\x07tenants\x18\x02 \x03(\x0b\x32 .slotshift.v1.GatewayTenantLimit\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x03\x12\x14\n\x0cpart_version\x18\x04 \x01(\x03\"\xfa\x01\n\nAllocation\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x14\n\x0c\x62udget_slots\x18\x03 \x01(\x05\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x07tenants\x18\x06 \x03(\x0b\x32\x1e.slotshift.v1.TenantAllocation\x12\x31\n\x08gateways\x18\x07 \x03(\x0b\x32\x1f.slotshift.v1.GatewayAllocation\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x08 \x01(\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dslotshift/v1/allocation.proto\x12\x0cslotshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19slotshift/v1/common.proto\"\x8a\x01\n\x10TenantAllocation\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x13\n\x0blimit_slots\x18\x02 \x01(\x05\x12\x13\n\x0b\x66loor_slots\x18\x03 \x01(\x05\x12\x15\n\rceiling_slots\x18\x04 \x01(\x05\x12\x0e\n\x06weight\x18\x05 \x01(\x01\x12\x15\n\rnominal_slots\x18\x06 \x01(\x05\"\x85\x01\n\x12GatewayTenantLimit\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x14\n\x0ctarget_slots\x18\x02 \x01(\x05\x12\x13\n\x0blimit_slots\x18\x03 \x01(\x05\x12\x1e\n\x11pause_above_slots\x18\x04 \x01(\x05H\x00\x88\x01\x01\x42\x14\n\x12_pause_above_slots\"\x89\x01\n\x11GatewayAllocation\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12\x31\n\x07tenants\x18\x02 \x03(\x0b\x32 .slotshift.v1.GatewayTenantLimit\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x03\x12\x14\n\x0cpart_version\x18\x04 \x01(\x03\"\xae\x02\n\nAllocation\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x14\n\x0c\x62udget_slots\x18\x03 \x01(\x05\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12.\n\ncreated_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x07tenants\x18\x06 \x03(\x0b\x32\x1e.slotshift.v1.TenantAllocation\x12\x31\n\x08gateways\x18\x07 \x03(\x0b\x32\x1f.slotshift.v1.GatewayAllocation\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x08 \x01(\x03\x12\x32\n\x0btoken_rates\x18\t \x03(\x0b\x32\x1d.slotshift.v1.TenantTokenRateb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'slotshift.v1.allocation_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_TENANTALLOCATION']._serialized_start=81
-  _globals['_TENANTALLOCATION']._serialized_end=219
-  _globals['_GATEWAYTENANTLIMIT']._serialized_start=222
-  _globals['_GATEWAYTENANTLIMIT']._serialized_end=355
-  _globals['_GATEWAYALLOCATION']._serialized_start=358
-  _globals['_GATEWAYALLOCATION']._serialized_end=495
-  _globals['_ALLOCATION']._serialized_start=498
-  _globals['_ALLOCATION']._serialized_end=748
+  _globals['_TENANTALLOCATION']._serialized_start=108
+  _globals['_TENANTALLOCATION']._serialized_end=246
+  _globals['_GATEWAYTENANTLIMIT']._serialized_start=249
+  _globals['_GATEWAYTENANTLIMIT']._serialized_end=382
+  _globals['_GATEWAYALLOCATION']._serialized_start=385
+  _globals['_GATEWAYALLOCATION']._serialized_end=522
+  _globals['_ALLOCATION']._serialized_start=525
+  _globals['_ALLOCATION']._serialized_end=827
 # @@protoc_insertion_point(module_scope)

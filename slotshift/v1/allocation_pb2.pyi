@@ -8,6 +8,7 @@ from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
+from slotshift.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -150,6 +151,7 @@ class Allocation(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     GATEWAYS_FIELD_NUMBER: _builtins.int
     DECISION_ID_FIELD_NUMBER: _builtins.int
+    TOKEN_RATES_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     version: _builtins.int
     """Increases by one each time anything a gateway enforces changes."""
@@ -164,6 +166,12 @@ class Allocation(_message.Message):
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantAllocation]: ...
     @_builtins.property
     def gateways(self) -> _containers.RepeatedCompositeFieldContainer[Global___GatewayAllocation]: ...
+    @_builtins.property
+    def token_rates(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantTokenRate]:
+        """Each tenant's tokens now, as ListTenants has them: read when the query is answered, not
+        part of the versioned snapshot.
+        """
+
     def __init__(
         self,
         *,
@@ -175,10 +183,11 @@ class Allocation(_message.Message):
         tenants: _abc.Iterable[Global___TenantAllocation] | None = ...,
         gateways: _abc.Iterable[Global___GatewayAllocation] | None = ...,
         decision_id: _builtins.int = ...,
+        token_rates: _abc.Iterable[_common_pb2.TenantTokenRate] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "created_at", b"created_at", "decision_id", b"decision_id", "gateways", b"gateways", "policy", b"policy", "pool", b"pool", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "created_at", b"created_at", "decision_id", b"decision_id", "gateways", b"gateways", "policy", b"policy", "pool", b"pool", "tenants", b"tenants", "token_rates", b"token_rates", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

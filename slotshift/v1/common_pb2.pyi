@@ -122,3 +122,76 @@ class TenantDemand(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantDemand: _TypeAlias = TenantDemand  # noqa: Y015
+
+@_typing.final
+class TenantTokens(_message.Message):
+    """One tenant's tokens for one model at one gateway since it started, as the gateway counted them
+    from the engine's `usage` (a stream cut before its usage: the content events it delivered, a
+    lower bound). docs/operations.md, "Tokens per tenant".
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    MODEL_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    model: _builtins.str
+    """The pool's model (its first name), or for a pool that names none the model the requests
+    named.
+    """
+    prompt_tokens_total: _builtins.int
+    completion_tokens_total: _builtins.int
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        model: _builtins.str = ...,
+        prompt_tokens_total: _builtins.int = ...,
+        completion_tokens_total: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens_total", b"completion_tokens_total", "model", b"model", "prompt_tokens_total", b"prompt_tokens_total", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantTokens: _TypeAlias = TenantTokens  # noqa: Y015
+
+@_typing.final
+class TenantTokenRate(_message.Message):
+    """One tenant's tokens in one pool (every model), as the control plane sums its gateways' full
+    reports: the totals over the gateways it counts now (each since that gateway started: the sums
+    fall when a gateway restarts or its lease ends), and the rate over each gateway's two newest
+    full reports (gateway.full_report_interval_s apart), summed over the gateways.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    PROMPT_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    COMPLETION_TOKENS_PER_S_FIELD_NUMBER: _builtins.int
+    tenant: _builtins.str
+    prompt_tokens_total: _builtins.int
+    completion_tokens_total: _builtins.int
+    prompt_tokens_per_s: _builtins.float
+    completion_tokens_per_s: _builtins.float
+    def __init__(
+        self,
+        *,
+        tenant: _builtins.str = ...,
+        prompt_tokens_total: _builtins.int = ...,
+        completion_tokens_total: _builtins.int = ...,
+        prompt_tokens_per_s: _builtins.float = ...,
+        completion_tokens_per_s: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["completion_tokens_per_s", b"completion_tokens_per_s", "completion_tokens_total", b"completion_tokens_total", "prompt_tokens_per_s", b"prompt_tokens_per_s", "prompt_tokens_total", b"prompt_tokens_total", "tenant", b"tenant"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantTokenRate: _TypeAlias = TenantTokenRate  # noqa: Y015

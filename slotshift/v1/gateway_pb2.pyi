@@ -62,6 +62,7 @@ class GatewayHello(_message.Message):
     APPLIED_VERSION_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     applied_version: _builtins.int
@@ -76,6 +77,10 @@ class GatewayHello(_message.Message):
     def observed_at(self) -> _timestamp_pb2.Timestamp:
         """When the gateway took `tenants` (its wall clock); see DemandReport.observed_at."""
 
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantTokens]:
+        """Every tenant's tokens per model here (see DemandReport.tokens)."""
+
     def __init__(
         self,
         *,
@@ -84,10 +89,11 @@ class GatewayHello(_message.Message):
         applied_version: _builtins.int = ...,
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
         observed_at: _timestamp_pb2.Timestamp | None = ...,
+        tokens: _abc.Iterable[_common_pb2.TenantTokens] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -105,6 +111,7 @@ class DemandReport(_message.Message):
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     applied_version: _builtins.int
@@ -125,6 +132,12 @@ class DemandReport(_message.Message):
         stand as last sent. Gateways send every tenant every few seconds, so nothing drifts.
         """
 
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantTokens]:
+        """Every tenant's tokens per model at this gateway, in full reports only (delta false): the
+        control plane's tokens per second come from consecutive full reports.
+        """
+
     def __init__(
         self,
         *,
@@ -134,10 +147,11 @@ class DemandReport(_message.Message):
         observed_at: _timestamp_pb2.Timestamp | None = ...,
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
         delta: _builtins.bool = ...,
+        tokens: _abc.Iterable[_common_pb2.TenantTokens] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -155,6 +169,7 @@ class AllocationAck(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     version: _builtins.int
@@ -166,6 +181,10 @@ class AllocationAck(_message.Message):
     def observed_at(self) -> _timestamp_pb2.Timestamp:
         """When the gateway took `tenants` (its wall clock); see DemandReport.observed_at."""
 
+    @_builtins.property
+    def tokens(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantTokens]:
+        """As DemandReport.tokens: in full acknowledgements only."""
+
     def __init__(
         self,
         *,
@@ -175,10 +194,11 @@ class AllocationAck(_message.Message):
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
         observed_at: _timestamp_pb2.Timestamp | None = ...,
         delta: _builtins.bool = ...,
+        tokens: _abc.Iterable[_common_pb2.TenantTokens] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

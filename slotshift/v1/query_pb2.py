@@ -27,15 +27,15 @@ from slotshift.v1 import allocation_pb2 as slotshift_dot_v1_dot_allocation__pb2
 from slotshift.v1 import common_pb2 as slotshift_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18slotshift/v1/query.proto\x12\x0cslotshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dslotshift/v1/allocation.proto\x1a\x19slotshift/v1/common.proto\"$\n\x14GetAllocationRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\x12\n\x10ListPoolsRequest\"\xaa\x01\n\x08PoolInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x62udget_slots\x18\x02 \x01(\x05\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x19\n\x11\x64\x65\x63ision_period_s\x18\x04 \x01(\x01\x12\x1a\n\x12gateways_connected\x18\x05 \x01(\x05\x12\x1a\n\x12\x61llocation_version\x18\x06 \x01(\x03\x12\x17\n\x0ftelemetry_age_s\x18\x07 \x01(\x01\":\n\x11ListPoolsResponse\x12%\n\x05pools\x18\x01 \x03(\x0b\x32\x16.slotshift.v1.PoolInfo\"\"\n\x12ListTenantsRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xba\x01\n\nTenantInfo\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x32\n\nallocation\x18\x02 \x01(\x0b\x32\x1e.slotshift.v1.TenantAllocation\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x16\n\x0e\x61\x64mitted_total\x18\x05 \x01(\x03\x12\x17\n\x0f\x63ompleted_total\x18\x06 \x01(\x03\x12\x16\n\x0erejected_total\x18\x07 \x01(\x03\"@\n\x13ListTenantsResponse\x12)\n\x07tenants\x18\x01 \x03(\x0b\x32\x18.slotshift.v1.TenantInfo\"\x90\x01\n\x13GetDecisionsRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x14\n\x0c\x63hanges_only\x18\x03 \x01(\x08\x12\x15\n\rsince_version\x18\x04 \x01(\x03\x12\x14\n\x0csince_wall_s\x18\x05 \x01(\x01\x12\x19\n\x11\x61\x66ter_decision_id\x18\x06 \x01(\x03\"\xcb\x01\n\x13TenantDecisionInput\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tin_flight\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12\x14\n\x0c\x64\x65mand_slots\x18\x04 \x01(\x05\x12*\n\x04ttft\x18\x05 \x01(\x0b\x32\x1c.slotshift.v1.LatencySummary\x12)\n\x03\x65\x32\x65\x18\x06 \x01(\x0b\x32\x1c.slotshift.v1.LatencySummary\x12\x14\n\x0c\x64\x65mand_age_s\x18\x07 \x01(\x01\"\xd1\x01\n\x0eTelemetryInput\x12\r\n\x05\x66resh\x18\x01 \x01(\x08\x12\r\n\x05\x61ge_s\x18\x02 \x01(\x01\x12\x1b\n\x13kv_cache_usage_perc\x18\x03 \x01(\x01\x12\x1c\n\x14num_requests_running\x18\x04 \x01(\x01\x12\x1c\n\x14num_requests_waiting\x18\x05 \x01(\x01\x12\x1b\n\x13gpu_utilization_pct\x18\x06 \x01(\x01\x12\x14\n\x0cgpu_emulated\x18\x07 \x01(\x08\x12\x15\n\rgpu_available\x18\x08 \x01(\x08\"\x98\x03\n\x08\x44\x65\x63ision\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12.\n\ndecided_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12.\n\x07outcome\x18\x05 \x01(\x0e\x32\x1d.slotshift.v1.DecisionOutcome\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x07 \x01(\x03\x12\x14\n\x0c\x62udget_slots\x18\x08 \x01(\x05\x12\x31\n\x06inputs\x18\t \x03(\x0b\x32!.slotshift.v1.TenantDecisionInput\x12/\n\ttelemetry\x18\n \x01(\x0b\x32\x1c.slotshift.v1.TelemetryInput\x12/\n\x07outputs\x18\x0b \x03(\x0b\x32\x1e.slotshift.v1.TenantAllocation\x12\x13\n\x0b\x64uration_ms\x18\x0c \x01(\x01\x12\x0f\n\x07trigger\x18\r \x01(\t\x12\x10\n\x08\x66\x61llback\x18\x0e \x01(\t\"A\n\x14GetDecisionsResponse\x12)\n\tdecisions\x18\x01 \x03(\x0b\x32\x16.slotshift.v1.Decision*\x8d\x01\n\x0f\x44\x65\x63isionOutcome\x12 \n\x1c\x44\x45\x43ISION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x44\x45\x43ISION_OUTCOME_PUBLISHED\x10\x01\x12\x19\n\x15\x44\x45\x43ISION_OUTCOME_HELD\x10\x02\x12\x1d\n\x19\x44\x45\x43ISION_OUTCOME_REJECTED\x10\x03\x32\xdb\x02\n\x11\x41llocationService\x12M\n\rGetAllocation\x12\".slotshift.v1.GetAllocationRequest\x1a\x18.slotshift.v1.Allocation\x12L\n\tListPools\x12\x1e.slotshift.v1.ListPoolsRequest\x1a\x1f.slotshift.v1.ListPoolsResponse\x12R\n\x0bListTenants\x12 .slotshift.v1.ListTenantsRequest\x1a!.slotshift.v1.ListTenantsResponse\x12U\n\x0cGetDecisions\x12!.slotshift.v1.GetDecisionsRequest\x1a\".slotshift.v1.GetDecisionsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18slotshift/v1/query.proto\x12\x0cslotshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dslotshift/v1/allocation.proto\x1a\x19slotshift/v1/common.proto\"$\n\x14GetAllocationRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\x12\n\x10ListPoolsRequest\"\xaa\x01\n\x08PoolInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x14\n\x0c\x62udget_slots\x18\x02 \x01(\x05\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x19\n\x11\x64\x65\x63ision_period_s\x18\x04 \x01(\x01\x12\x1a\n\x12gateways_connected\x18\x05 \x01(\x05\x12\x1a\n\x12\x61llocation_version\x18\x06 \x01(\x03\x12\x17\n\x0ftelemetry_age_s\x18\x07 \x01(\x01\":\n\x11ListPoolsResponse\x12%\n\x05pools\x18\x01 \x03(\x0b\x32\x16.slotshift.v1.PoolInfo\"\"\n\x12ListTenantsRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\"\xe9\x01\n\nTenantInfo\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x32\n\nallocation\x18\x02 \x01(\x0b\x32\x1e.slotshift.v1.TenantAllocation\x12\x11\n\tin_flight\x18\x03 \x01(\x05\x12\x0e\n\x06queued\x18\x04 \x01(\x05\x12\x16\n\x0e\x61\x64mitted_total\x18\x05 \x01(\x03\x12\x17\n\x0f\x63ompleted_total\x18\x06 \x01(\x03\x12\x16\n\x0erejected_total\x18\x07 \x01(\x03\x12-\n\x06tokens\x18\x08 \x01(\x0b\x32\x1d.slotshift.v1.TenantTokenRate\"@\n\x13ListTenantsResponse\x12)\n\x07tenants\x18\x01 \x03(\x0b\x32\x18.slotshift.v1.TenantInfo\"\x90\x01\n\x13GetDecisionsRequest\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\r\n\x05limit\x18\x02 \x01(\x05\x12\x14\n\x0c\x63hanges_only\x18\x03 \x01(\x08\x12\x15\n\rsince_version\x18\x04 \x01(\x03\x12\x14\n\x0csince_wall_s\x18\x05 \x01(\x01\x12\x19\n\x11\x61\x66ter_decision_id\x18\x06 \x01(\x03\"\xcb\x01\n\x13TenantDecisionInput\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x11\n\tin_flight\x18\x02 \x01(\x05\x12\x0e\n\x06queued\x18\x03 \x01(\x05\x12\x14\n\x0c\x64\x65mand_slots\x18\x04 \x01(\x05\x12*\n\x04ttft\x18\x05 \x01(\x0b\x32\x1c.slotshift.v1.LatencySummary\x12)\n\x03\x65\x32\x65\x18\x06 \x01(\x0b\x32\x1c.slotshift.v1.LatencySummary\x12\x14\n\x0c\x64\x65mand_age_s\x18\x07 \x01(\x01\"\xd1\x01\n\x0eTelemetryInput\x12\r\n\x05\x66resh\x18\x01 \x01(\x08\x12\r\n\x05\x61ge_s\x18\x02 \x01(\x01\x12\x1b\n\x13kv_cache_usage_perc\x18\x03 \x01(\x01\x12\x1c\n\x14num_requests_running\x18\x04 \x01(\x01\x12\x1c\n\x14num_requests_waiting\x18\x05 \x01(\x01\x12\x1b\n\x13gpu_utilization_pct\x18\x06 \x01(\x01\x12\x14\n\x0cgpu_emulated\x18\x07 \x01(\x08\x12\x15\n\rgpu_available\x18\x08 \x01(\x08\"\x98\x03\n\x08\x44\x65\x63ision\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x0c\n\x04pool\x18\x02 \x01(\t\x12.\n\ndecided_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12.\n\x07outcome\x18\x05 \x01(\x0e\x32\x1d.slotshift.v1.DecisionOutcome\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x0f\n\x07version\x18\x07 \x01(\x03\x12\x14\n\x0c\x62udget_slots\x18\x08 \x01(\x05\x12\x31\n\x06inputs\x18\t \x03(\x0b\x32!.slotshift.v1.TenantDecisionInput\x12/\n\ttelemetry\x18\n \x01(\x0b\x32\x1c.slotshift.v1.TelemetryInput\x12/\n\x07outputs\x18\x0b \x03(\x0b\x32\x1e.slotshift.v1.TenantAllocation\x12\x13\n\x0b\x64uration_ms\x18\x0c \x01(\x01\x12\x0f\n\x07trigger\x18\r \x01(\t\x12\x10\n\x08\x66\x61llback\x18\x0e \x01(\t\"A\n\x14GetDecisionsResponse\x12)\n\tdecisions\x18\x01 \x03(\x0b\x32\x16.slotshift.v1.Decision*\x8d\x01\n\x0f\x44\x65\x63isionOutcome\x12 \n\x1c\x44\x45\x43ISION_OUTCOME_UNSPECIFIED\x10\x00\x12\x1e\n\x1a\x44\x45\x43ISION_OUTCOME_PUBLISHED\x10\x01\x12\x19\n\x15\x44\x45\x43ISION_OUTCOME_HELD\x10\x02\x12\x1d\n\x19\x44\x45\x43ISION_OUTCOME_REJECTED\x10\x03\x32\xdb\x02\n\x11\x41llocationService\x12M\n\rGetAllocation\x12\".slotshift.v1.GetAllocationRequest\x1a\x18.slotshift.v1.Allocation\x12L\n\tListPools\x12\x1e.slotshift.v1.ListPoolsRequest\x1a\x1f.slotshift.v1.ListPoolsResponse\x12R\n\x0bListTenants\x12 .slotshift.v1.ListTenantsRequest\x1a!.slotshift.v1.ListTenantsResponse\x12U\n\x0cGetDecisions\x12!.slotshift.v1.GetDecisionsRequest\x1a\".slotshift.v1.GetDecisionsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'slotshift.v1.query_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECISIONOUTCOME']._serialized_start=1759
-  _globals['_DECISIONOUTCOME']._serialized_end=1900
+  _globals['_DECISIONOUTCOME']._serialized_start=1806
+  _globals['_DECISIONOUTCOME']._serialized_end=1947
   _globals['_GETALLOCATIONREQUEST']._serialized_start=133
   _globals['_GETALLOCATIONREQUEST']._serialized_end=169
   _globals['_LISTPOOLSREQUEST']._serialized_start=171
@@ -47,19 +47,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTTENANTSREQUEST']._serialized_start=424
   _globals['_LISTTENANTSREQUEST']._serialized_end=458
   _globals['_TENANTINFO']._serialized_start=461
-  _globals['_TENANTINFO']._serialized_end=647
-  _globals['_LISTTENANTSRESPONSE']._serialized_start=649
-  _globals['_LISTTENANTSRESPONSE']._serialized_end=713
-  _globals['_GETDECISIONSREQUEST']._serialized_start=716
-  _globals['_GETDECISIONSREQUEST']._serialized_end=860
-  _globals['_TENANTDECISIONINPUT']._serialized_start=863
-  _globals['_TENANTDECISIONINPUT']._serialized_end=1066
-  _globals['_TELEMETRYINPUT']._serialized_start=1069
-  _globals['_TELEMETRYINPUT']._serialized_end=1278
-  _globals['_DECISION']._serialized_start=1281
-  _globals['_DECISION']._serialized_end=1689
-  _globals['_GETDECISIONSRESPONSE']._serialized_start=1691
-  _globals['_GETDECISIONSRESPONSE']._serialized_end=1756
-  _globals['_ALLOCATIONSERVICE']._serialized_start=1903
-  _globals['_ALLOCATIONSERVICE']._serialized_end=2250
+  _globals['_TENANTINFO']._serialized_end=694
+  _globals['_LISTTENANTSRESPONSE']._serialized_start=696
+  _globals['_LISTTENANTSRESPONSE']._serialized_end=760
+  _globals['_GETDECISIONSREQUEST']._serialized_start=763
+  _globals['_GETDECISIONSREQUEST']._serialized_end=907
+  _globals['_TENANTDECISIONINPUT']._serialized_start=910
+  _globals['_TENANTDECISIONINPUT']._serialized_end=1113
+  _globals['_TELEMETRYINPUT']._serialized_start=1116
+  _globals['_TELEMETRYINPUT']._serialized_end=1325
+  _globals['_DECISION']._serialized_start=1328
+  _globals['_DECISION']._serialized_end=1736
+  _globals['_GETDECISIONSRESPONSE']._serialized_start=1738
+  _globals['_GETDECISIONSRESPONSE']._serialized_end=1803
+  _globals['_ALLOCATIONSERVICE']._serialized_start=1950
+  _globals['_ALLOCATIONSERVICE']._serialized_end=2297
 # @@protoc_insertion_point(module_scope)

@@ -169,6 +169,7 @@ class TenantInfo(_message.Message):
     ADMITTED_TOTAL_FIELD_NUMBER: _builtins.int
     COMPLETED_TOTAL_FIELD_NUMBER: _builtins.int
     REJECTED_TOTAL_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     in_flight: _builtins.int
     """Summed over the pool's gateways."""
@@ -182,6 +183,10 @@ class TenantInfo(_message.Message):
     rejected_total: _builtins.int
     @_builtins.property
     def allocation(self) -> _allocation_pb2.TenantAllocation: ...
+    @_builtins.property
+    def tokens(self) -> _common_pb2.TenantTokenRate:
+        """The tenant's tokens in this pool (every model; see TenantTokenRate)."""
+
     def __init__(
         self,
         *,
@@ -192,10 +197,11 @@ class TenantInfo(_message.Message):
         admitted_total: _builtins.int = ...,
         completed_total: _builtins.int = ...,
         rejected_total: _builtins.int = ...,
+        tokens: _common_pb2.TenantTokenRate | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["allocation", b"allocation", "tokens", b"tokens"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "allocation", b"allocation", "completed_total", b"completed_total", "in_flight", b"in_flight", "pool", b"pool", "queued", b"queued", "rejected_total", b"rejected_total"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "allocation", b"allocation", "completed_total", b"completed_total", "in_flight", b"in_flight", "pool", b"pool", "queued", b"queued", "rejected_total", b"rejected_total", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -119,9 +119,8 @@ async def test_the_logs_of_two_gateways_record_each_request_and_no_content(
             max_tokens=4,
             stream=True,
         )
-        chat_text = "".join(
-            [chunk.choices[0].delta.content or "" async for chunk in plain_stream if chunk.choices]
-        )
+        plain_chunks = [chunk async for chunk in plain_stream]
+        chat_text = "".join(c.choices[0].delta.content or "" for c in plain_chunks if c.choices)
     async with aiohttp.ClientSession() as session:
         refused = await session.post(
             first.url + "/v1/completions",
@@ -180,12 +179,13 @@ async def test_the_logs_of_two_gateways_record_each_request_and_no_content(
 
     (plain,) = second_records
     assert (plain.tenant, plain.gateway, plain.streamed) == ("B", "gw-1", True)
-    # No usage in the stream: the gateway counted the content events, and does not guess the
-    # prompt's length.
-    assert plain.output_tokens_from == "stream_events"
+    # The client asked for no usage: the gateway asked the engine for it, counted it, and kept
+    # the usage event from the client.
+    assert plain.output_tokens_from == "usage"
     assert plain.output_tokens == 4
     assert chat_text
-    assert plain.prompt_tokens is None
+    assert plain.prompt_tokens is not None and plain.prompt_tokens > 0
+    assert all(c.choices and c.usage is None for c in plain_chunks)
     assert plain.session is None
 
     assert (invalid.reason, invalid.status, invalid.streamed) == ("invalid_json", 400, None)

@@ -294,3 +294,32 @@ async def test_a_request_ends_once_and_without_a_log_writes_nothing(tmp_path: Pa
 
     records = await _records(tmp_path, twice)
     assert [r.outcome for r in records] == [Outcome.COMPLETED]
+
+
+@pytest.mark.parametrize(
+    ("play", "counted"),
+    [
+        pytest.param(_stream_timed_out, (0, 2), id="stream-cut-counts-its-events"),
+        pytest.param(_stream_without_usage, (0, 3), id="stream-without-usage"),
+        pytest.param(_answer_with_usage, (11, 7), id="answer-with-usage"),
+        pytest.param(_resumed, (3, 20), id="paused-and-resumed"),
+        pytest.param(_engine_refused, None, id="engine-error-counts-nothing"),
+        pytest.param(_rejected, None, id="rejected-counts-nothing"),
+        pytest.param(_cancelled_in_queue, None, id="cancelled-while-queued-counts-nothing"),
+    ],
+)
+@pytest.mark.parametrize("count_tokens", [True, False], ids=["counting", "not-counting"])
+def test_the_tenant_is_counted_the_tokens_the_engine_answered_with(
+    play: Callable[[RequestFigures, GatewayState, ManualClock], None],
+    counted: tuple[int, int] | None,
+    count_tokens: bool,
+) -> None:
+    clock = ManualClock()
+    state = GatewayState(POOL, GatewayConfig(), clock)
+    play(RequestFigures(GatewayMetrics(state), clock, count_tokens=count_tokens), state, clock)
+    tokens = {
+        model: (t.prompt_tokens_total, t.completion_tokens_total)
+        for model, t in state.tenants["A"].tokens.items()
+    }
+    assert tokens == ({"": counted} if counted is not None and count_tokens else {})
+    assert state.tenants["B"].tokens == {}
