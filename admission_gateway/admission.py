@@ -8,11 +8,14 @@ queued, paused, the limit and the pause level) is in those slots, and the counts
 kept beside them (`in_flight_requests`, `queued_requests`). The rules, after Kubernetes API
 Priority and Fairness's fair queuing (whose work estimation weighs requests in seats alike):
 
-- `in_flight + cost_slots <= limit_slots` holds at every admission, with one exception: a
-  request that costs more than the whole limit is admitted when the tenant has nothing else in
-  flight here (and the limit is not 0), so that it never waits forever; it still waits its turn.
-  Requests beyond the limit wait in a bounded FIFO queue (its depth counts requests); a full
-  queue rejects at once (QueueFull), a request that waits too long is rejected (QueueTimeout).
+- `in_flight <= limit_slots` holds at every admission. A request that costs more than the whole
+  limit could never fit: it is admitted when the tenant has nothing else in flight here (and
+  the limit is not 0), so that it never waits forever, and is charged the whole limit (its
+  `cost_slots`; what it asked for stays its `asked_slots`), so that the tenant's slots, and the
+  pool's budget, still hold; it waits its turn like any other. While it waits it counts as
+  queued by what it asked for: that is the tenant's demand. Requests beyond the limit wait in a
+  bounded FIFO queue (its depth counts requests); a full queue rejects at once (QueueFull), a
+  request that waits too long is rejected (QueueTimeout).
 - Strict FIFO: a newly arriving request never overtakes a queued one, even when a slot is free at
   the moment it arrives but a queued request has been granted it and has not run yet; nor does
   a cheap request overtake a costly one waiting at the head for enough slots to free.
@@ -118,6 +121,7 @@ class Slot:
         "_released",
         "_resuming",
         "admitted_at_s",
+        "asked_slots",
         "cost_slots",
         "pausable",
         "pause_requested",
@@ -134,6 +138,7 @@ class Slot:
         pauses: int = 0,
         pausable: bool = False,
         cost_slots: int = 1,
+        asked_slots: int | None = None,
     ) -> None:
         self._admission = admission
         self._released = False
@@ -152,7 +157,10 @@ class Slot:
         self.pause_requested = False
         """Set once the admission has chosen this request to pause."""
         self.cost_slots = cost_slots
-        """Slots of the limit the request holds; a resumed or moved request keeps its cost."""
+        """Slots of the limit the request holds: what it asked for, or the whole limit for a
+        request that asked for more (admitted alone)."""
+        self.asked_slots = cost_slots if asked_slots is None else asked_slots
+        """Slots the request costs by its size; a resumed or moved request asks for them again."""
 
     @property
     def released(self) -> bool:
@@ -409,7 +417,7 @@ class TenantAdmission:
             raise ValueError("only a held slot of this tenant that was asked to pause can resume")
         loop = asyncio.get_running_loop()
         waiter = _Waiter(
-            loop.create_future(), self._clock.monotonic(), paused.cost_slots, pausable=True
+            loop.create_future(), self._clock.monotonic(), paused.asked_slots, pausable=True
         )
         waiter.paused = paused
         self._enqueue_paused(waiter)
@@ -435,7 +443,7 @@ class TenantAdmission:
             raise ValueError("only a held pausable slot of another admission can move here")
         loop = asyncio.get_running_loop()
         waiter = _Waiter(
-            loop.create_future(), self._clock.monotonic(), lost.cost_slots, pausable=True
+            loop.create_future(), self._clock.monotonic(), lost.asked_slots, pausable=True
         )
         waiter.paused = lost
         waiter.moved = True
@@ -464,7 +472,8 @@ class TenantAdmission:
         """Whether a request costing `cost_slots` may be admitted now (the queue aside)."""
         if self._in_flight + cost_slots <= self._limit:
             return True
-        # Oversize: more than the whole limit, it could never fit; alone it may run.
+        # Oversize: more than the whole limit, it could never fit; alone it may run (charged
+        # the whole limit).
         return cost_slots > self._limit > 0 and self._in_flight == 0
 
     def _resume_position(self, paused: Slot) -> int:
@@ -535,6 +544,9 @@ class TenantAdmission:
     ) -> Slot:
         now = self._clock.monotonic()
         wait_s = max(0.0, now - enqueued_at)
+        asked_slots = cost_slots
+        # An oversize request (admitted alone, see _fits) is charged the whole limit.
+        cost_slots = min(cost_slots, self._limit)
         self._in_flight += cost_slots
         self._in_flight_requests += 1
         self._idle.clear()
@@ -549,11 +561,19 @@ class TenantAdmission:
                 pauses=paused.pauses,
                 pausable=True,
                 cost_slots=cost_slots,
+                asked_slots=asked_slots,
             )
         elif paused is None:
             self._admitted_total += 1
             self.queue_wait.observe(wait_s)
-            slot = Slot(self, wait_s, admitted_at_s=now, pausable=pausable, cost_slots=cost_slots)
+            slot = Slot(
+                self,
+                wait_s,
+                admitted_at_s=now,
+                pausable=pausable,
+                cost_slots=cost_slots,
+                asked_slots=asked_slots,
+            )
         else:
             # A resumed request was admitted once already: it is not counted again, and its
             # wait is not a queue wait of new work.
@@ -564,6 +584,7 @@ class TenantAdmission:
                 pauses=paused.pauses + 1,
                 pausable=True,
                 cost_slots=cost_slots,
+                asked_slots=asked_slots,
             )
         self._running[slot] = None
         return slot

@@ -3,8 +3,9 @@
 One POST /tokenize per request, before admission (vLLM's TokenizeCompletionRequest for a text
 prompt, TokenizeChatRequest for messages; both answer `count`). Any failure (unreachable, a
 status other than 200, a body without a count, slower than tokenize_timeout_s) gives None: the
-caller then takes the length estimate (admission_gateway/request_cost.py), and `failures_total`
-counts it, so that a pool whose engine never tokenizes shows.
+caller then takes the length estimate (admission_gateway/request_cost.py) and counts it
+(GatewayState.prompt_estimate_fallbacks_total), so that a pool whose engine never tokenizes
+shows.
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ class PromptCounter:
         self._engine = engine
         self._url = engine_url.rstrip("/") + "/tokenize"
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self.failures_total = 0
-        """Requests whose prompt the engine did not count (they were weighed by length)."""
 
     async def count(
         self, tokenizable: Mapping[str, Any], model: Any, headers: Mapping[str, str]
@@ -53,13 +52,9 @@ class PromptCounter:
                     raise ValueError(f"status {response.status}")
                 count = (await response.json())["count"]
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
-            self._failed(exc)
+            logger.debug("the engine at %s did not count a prompt: %s", self._url, exc)
             return None
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            self._failed(ValueError(f"count {count!r}"))
+            logger.debug("the engine at %s counted a prompt as %r", self._url, count)
             return None
         return count
-
-    def _failed(self, exc: BaseException) -> None:
-        self.failures_total += 1
-        logger.debug("the engine at %s did not count a prompt: %s", self._url, exc)

@@ -170,14 +170,10 @@ class PoolFront:
             headers: dict[str, str] = {}
             inject_into(headers, span)
             counted = await self.prompt_counter.count(tokenizable, document.get("model"), headers)
-        cost = request_cost(
-            document,
-            config,
-            counted_prompt_tokens=counted,
-            tokenize_failed=self.prompt_counter is not None
-            and tokenizable is not None
-            and counted is None,
-        )
+        failed = self.prompt_counter is not None and tokenizable is not None and counted is None
+        if failed:
+            self.state.prompt_estimate_fallbacks_total += 1
+        cost = request_cost(document, config, counted_prompt_tokens=counted, tokenize_failed=failed)
         span.set_attributes(
             {
                 "slotshift.request.cost_slots": cost.slots,

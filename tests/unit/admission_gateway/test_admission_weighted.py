@@ -64,17 +64,21 @@ async def test_a_request_costing_more_than_the_limit_runs_alone_and_never_waits_
     small = await admission.acquire(cost_slots=1)
     oversize = await enqueue(admission, 10)
     behind = await enqueue(admission, 1)
+    assert admission.queued == 11, "it waits asking for all it costs: the tenant's demand"
     assert not oversize.done(), "it waits while anything else of the tenant runs"
     small.release()
     big = await oversize
-    assert admission.in_flight == 10, "the one documented excess over the limit"
+    assert (big.cost_slots, big.asked_slots) == (4, 10), "charged the whole limit"
+    assert admission.in_flight == 4
     await asyncio.sleep(0)
-    assert not behind.done(), "nothing joins a request that already exceeds the limit"
+    assert not behind.done(), "nothing joins it: it holds the whole limit"
     big.release()
     (await behind).release()
     alone = await admission.acquire(cost_slots=10)
-    assert alone.cost_slots == 10, "with nothing in flight it is admitted at once"
+    assert alone.cost_slots == 4, "with nothing in flight it is admitted at once"
     alone.release()
+    admission.resize(12)
+    assert (await admission.acquire(cost_slots=10)).cost_slots == 10, "no longer oversize"
 
 
 async def test_an_oversize_request_is_not_admitted_under_a_limit_of_zero() -> None:
@@ -82,7 +86,9 @@ async def test_an_oversize_request_is_not_admitted_under_a_limit_of_zero() -> No
     with pytest.raises(QueueTimeout):
         await admission.acquire(cost_slots=3)
     admission.resize(1)
-    (await admission.acquire(cost_slots=3)).release()
+    slot = await admission.acquire(cost_slots=3)
+    assert (slot.cost_slots, admission.in_flight) == (1, 1)
+    slot.release()
 
 
 async def test_a_cheap_request_does_not_overtake_a_costly_one_at_the_head() -> None:
@@ -180,10 +186,11 @@ async def test_a_paused_request_waits_with_its_cost_and_resumes_with_it() -> Non
     await wait_until(lambda: admission.paused_requests == 1, interval_s=0.001)
     assert (admission.in_flight, admission.queued, admission.paused) == (2, 4, 4)
     admission.set_pause_above(None)
-    old.release()
+    admission.resize(6)
     slot = await resumed
-    assert (slot.cost_slots, slot.pauses, admission.in_flight) == (4, 1, 4)
-    assert (admission.queued, admission.paused) == (0, 0)
+    assert (slot.cost_slots, slot.asked_slots, slot.pauses) == (4, 4, 1)
+    assert (admission.in_flight, admission.queued, admission.paused) == (6, 0, 0)
+    old.release()
     slot.release()
     await asyncio.wait_for(admission.wait_idle(), timeout=5)
 
@@ -216,8 +223,8 @@ async def test_random_weighted_operations_keep_the_invariants(seed: int) -> None
     async def request(ident: int) -> Slot:
         slot = await admission.acquire(cost_slots=costs[ident])
         grants.append(ident)
-        # At this grant: within the limit, or alone (the oversize rule).
-        assert admission.in_flight <= admission.limit_slots or admission.in_flight_requests == 1
+        # At this grant: within the limit, an oversize request too (charged the limit).
+        assert admission.in_flight <= admission.limit_slots
         return slot
 
     def note_grants() -> None:
@@ -225,7 +232,10 @@ async def test_random_weighted_operations_keep_the_invariants(seed: int) -> None
             if task.done():
                 del waiting[ident]
                 if not task.cancelled() and task.exception() is None:
-                    held[task.result()] = costs[ident]
+                    slot = task.result()
+                    assert slot.asked_slots == costs[ident]
+                    assert slot.cost_slots == costs[ident] or len(held) == 0
+                    held[slot] = slot.cost_slots
 
     for ident in range(400):
         action = rng.choice(["acquire", "acquire", "release", "resize", "cancel"])
@@ -237,7 +247,7 @@ async def test_random_weighted_operations_keep_the_invariants(seed: int) -> None
                 waiting[ident] = task
                 arrivals.append(ident)
             elif task.exception() is None:
-                held[task.result()] = costs[ident]
+                held[task.result()] = task.result().cost_slots
         elif action == "release" and held:
             slot = rng.choice(list(held))
             del held[slot]
