@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import aiohttp
 
 from admission_gateway.gateway import AdmissionGateway
+from admission_gateway.gateway_state import TenantLimit
 from engine_sim.server import EngineSim
 from engine_sim.tokens import text_token_ids
 from slotshift.config import EngineSimConfig, SlotshiftConfig
+from tests.support import wait_until
 
 BUDGET = 16
 """Slots of 100 tokens; A and B 8 each on the static split (no control plane)."""
@@ -147,3 +149,93 @@ async def test_long_prompts_hold_their_size_and_the_slots_held_stay_within_the_b
     assert max(s.requests["B"] for s in samples) == 8
     assert engine.peak_in_server <= BUDGET
     assert gateway.state.prompt_estimate_fallbacks_total == 0
+
+
+async def test_a_paused_weighted_request_gives_back_its_slots_and_resumes_with_them() -> None:
+    """A preemptible tenant in a weighted pool: the pause level counts slots, a paused request
+    frees all it held, and resumes holding them again (its prompt counted exactly, as ids)."""
+    engine = EngineSim(
+        EngineSimConfig(port=0, model_name="m", max_model_len=2048, step_base_ms=15.0)
+    )
+    await engine.start()
+    config = SlotshiftConfig.model_validate(
+        {
+            "pools": [
+                {
+                    "name": "p",
+                    "budget_slots": 8,
+                    "engine_url": engine.url,
+                    "request_cost": {"tokens_per_slot": 32, "max_model_len_tokens": 2048},
+                    "tenants": [
+                        {"name": "A", "api_keys": ["key-a"]},
+                        {"name": "B", "api_keys": ["key-b"], "preemptible": True},
+                    ],
+                }
+            ],
+            "gateway": {
+                "pool": "p",
+                "port": 0,
+                "controlplane_target": "127.0.0.1:1",
+                "fallback_replicas": 1,
+                "drain_timeout_s": 2.0,
+                "paused_keepalive_interval_s": 0.05,
+            },
+        }
+    )
+    gateway = AdmissionGateway(config, gateway_id="gw-weighted")
+    await gateway.start()
+    version = 0
+
+    def apply(b_limit: int, pause_above: int | None = None) -> None:
+        nonlocal version
+        version += 1
+        limits = [
+            TenantLimit("A", 8 - b_limit, 8 - b_limit),
+            TenantLimit("B", b_limit, b_limit, pause_above_slots=pause_above),
+        ]
+        assert gateway.state.apply_allocation(version, limits)
+
+    # 38 characters, 10 tokens by the emulator's count, plus 48: 2 slots of 32 tokens.
+    body = {
+        "model": "m",
+        "prompt": "the batch job summarises a long report",
+        "max_tokens": 48,
+        "stream": True,
+        "ignore_eos": True,
+    }
+    b = gateway.state.tenants["B"].admission
+    try:
+        apply(b_limit=8)
+        async with aiohttp.ClientSession() as http:
+            requests = [
+                asyncio.create_task(_post(http, gateway.url, body, "key-b"), name=f"b{i}")
+                for i in range(3)
+            ]
+            await wait_until(
+                lambda: (b.in_flight, b.in_flight_requests) == (6, 3), message="B runs 3 x 2"
+            )
+            apply(b_limit=2, pause_above=2)
+            await wait_until(
+                lambda: (b.paused_requests, b.paused, b.in_flight) == (2, 4, 2),
+                message="the two youngest paused, their 4 slots given back",
+            )
+            apply(b_limit=8)
+            await wait_until(
+                lambda: b.in_flight == 6 or all(r.done() for r in requests),
+                message="both resumed, holding 2 slots each again",
+            )
+            statuses = await asyncio.gather(*requests)
+    finally:
+        await gateway.stop()
+        await engine.stop()
+    assert statuses == [200, 200, 200]
+    assert b.pauses_total == 2
+    assert (b.in_flight, b.queued) == (0, 0)
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, object], key: str) -> int:
+    async with http.post(
+        f"{url}/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as response:
+        await response.read()
+        return response.status
