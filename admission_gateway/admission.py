@@ -495,8 +495,8 @@ class TenantAdmission:
         """Pause running requests, youngest by original admission first, until the slots of
         those left running are at most `level` (counting those already pausing as gone); None
         pauses nothing more. Only pausable requests paused fewer than max_pauses_per_request
-        times are chosen, so fewer may pause than asked. Requests already asked to pause are
-        not called back."""
+        times are chosen, so fewer may pause than asked; whole requests pause, so a costly one
+        may free more than asked. Requests already asked to pause are not called back."""
         if level is not None and level < 0:
             raise ValueError(f"a pause level must not be negative, got {level}")
         self._pause_above = level

@@ -10,6 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from admission_gateway.gateway import AdmissionGateway
 from slotshift.config import SlotshiftConfig
@@ -43,8 +46,10 @@ async def gated(engine: FakeEngine) -> AsyncIterator[FakeEngine]:
     engine.gate.set()
 
 
-async def start(config: SlotshiftConfig) -> AdmissionGateway:
-    gateway = AdmissionGateway(config, gateway_id="gw-test")
+async def start(
+    config: SlotshiftConfig, tracer_provider: TracerProvider | None = None
+) -> AdmissionGateway:
+    gateway = AdmissionGateway(config, gateway_id="gw-test", tracer_provider=tracer_provider)
     await gateway.start()
     return gateway
 
@@ -149,3 +154,35 @@ async def test_without_the_engines_count_the_length_estimate_is_taken_and_counte
         assert await task == 200
     finally:
         await gateway.stop()
+
+
+@pytest.mark.parametrize(
+    ("estimate", "prompt_tokens", "slots", "estimated_by"),
+    [
+        pytest.param("length", 200, 3, "length", id="length"),
+        # The fake engine counts a token per character: 800 + 100 tokens.
+        pytest.param("tokenize", 800, 9, "tokenize", id="tokenize"),
+    ],
+)
+async def test_the_request_span_says_what_it_cost_and_how_it_was_estimated(
+    engine: FakeEngine,
+    http: aiohttp.ClientSession,
+    estimate: str,
+    prompt_tokens: int,
+    slots: int,
+    estimated_by: str,
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    gateway = await start(weighted(engine.url, prompt_estimate=estimate), provider)
+    try:
+        assert await send(http, gateway, LONG, "A") == 200
+    finally:
+        await gateway.stop()
+    (span,) = [s for s in exporter.get_finished_spans() if s.name == "POST /v1/completions"]
+    attributes = dict(span.attributes or {})
+    assert attributes["slotshift.request.cost_slots"] == slots
+    assert attributes["slotshift.request.prompt_tokens_estimate"] == prompt_tokens
+    assert attributes["slotshift.request.max_tokens_charged"] == 100
+    assert attributes["slotshift.request.cost_estimated_by"] == estimated_by
