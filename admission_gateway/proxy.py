@@ -529,9 +529,8 @@ class OpenAIProxy:
         cost_slots: int = 1,
     ) -> Slot:
         """A slot for the request (worth `cost_slots`), waited for in a "queue wait" span; the
-        request's span says
-        whether and under which allocation it was admitted, and links to that allocation's
-        decision."""
+        request's span says whether and under which allocation it was admitted, and links to
+        that allocation's decision."""
         admission = tenant.admission
         with self._tracer.start_as_current_span(
             "queue wait",

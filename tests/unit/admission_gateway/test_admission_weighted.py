@@ -272,3 +272,20 @@ async def test_random_weighted_operations_keep_the_invariants(seed: int) -> None
     for slot in held:
         slot.release()
     assert (admission.in_flight, admission.in_flight_requests, admission.queued) == (0, 0, 0)
+
+
+async def test_a_request_resumed_under_a_smaller_limit_is_charged_it_and_asks_its_cost_again() -> (
+    None
+):
+    clock = ManualClock()
+    admission = make(6, clock=clock)
+    running = await admission.acquire(pausable=True, cost_slots=5)
+    admission.resize(2)
+    admission.set_pause_above(0)
+    resumed = asyncio.create_task(admission.resume(running))
+    slot = await resumed
+    assert (slot.cost_slots, slot.asked_slots, admission.in_flight) == (2, 5, 2), (
+        "alone and oversize under the limit of 2: charged 2"
+    )
+    admission.set_pause_above(None)
+    slot.release()
