@@ -204,6 +204,7 @@ class AdmissionGateway:
                     engine_url=pool.engine_url,
                     models=tuple(pool.models),
                     preemption_enabled=pool.preemption.enabled,
+                    request_cost=pool.request_cost,
                 )
             )
         self._proxy = OpenAIProxy(
@@ -363,7 +364,7 @@ class AdmissionGateway:
                     await state.wait_idle()
         except TimeoutError:
             running = sum(
-                t.admission.in_flight
+                t.admission.in_flight_requests
                 for state in self.states.values()
                 for t in state.tenants.values()
             )

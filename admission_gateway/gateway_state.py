@@ -172,6 +172,9 @@ class GatewayState:
         }
         self._applied_version = 0
         self._epoch = 0
+        self.prompt_estimate_fallbacks_total = 0
+        """Requests of a pool weighing prompts by the engine's /tokenize that were weighed by
+        their length instead, because the engine gave no count (pools[].request_cost)."""
         self.controlplane_connected = False
         """Whether the control stream is up now (set by the control client)."""
 
@@ -186,7 +189,7 @@ class GatewayState:
 
     def room(self, tenant: str) -> tuple[int, int] | None:
         """What the router (routing.Front.room) reads of `tenant` here: (its limit less what it
-        runs and queues, what it runs); None when this pool does not know the tenant. One
+        runs and queues, what it runs), in slots; None when this pool does not know the tenant. One
         function for the proxy's PoolFront and the twin's fronts, so that both route alike."""
         held = self._tenants.get(tenant)
         if held is None:

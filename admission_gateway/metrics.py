@@ -77,7 +77,8 @@ class _StateCollector(Collector):
         labels = ["pool", "tenant"]
         limit = GaugeMetricFamily(
             "slotshift_gateway_tenant_limit_slots",
-            "Requests the tenant may have admitted at once at this gateway now.",
+            "Slots the tenant's admitted requests may hold at once at this gateway now (one "
+            "per request unless the pool weighs requests).",
             labels=labels,
         )
         target = GaugeMetricFamily(
@@ -92,6 +93,18 @@ class _StateCollector(Collector):
         )
         queued = GaugeMetricFamily(
             "slotshift_gateway_requests_queued", "Requests waiting for a slot.", labels=labels
+        )
+        slots_in_flight = GaugeMetricFamily(
+            "slotshift_gateway_in_flight_slots",
+            "Slots held by admitted requests (requests_in_flight unless the pool weighs "
+            "requests): what the budget counts.",
+            labels=labels,
+        )
+        slots_queued = GaugeMetricFamily(
+            "slotshift_gateway_queued_slots",
+            "Slots the waiting requests will hold (requests_queued unless the pool weighs "
+            "requests).",
+            labels=labels,
         )
         admitted = CounterMetricFamily(
             "slotshift_gateway_requests_admitted", "Requests admitted.", labels=labels
@@ -154,7 +167,7 @@ class _StateCollector(Collector):
                 tokens.add_metric([pool, name, model, "completion"], totals.completion_tokens_total)
             moved.add_metric([pool, name, "out"], tenant.moved_out_total)
             moved.add_metric([pool, name, "in"], tenant.moved_in_total)
-            paused.add_metric([pool, name], admission.paused)
+            paused.add_metric([pool, name], admission.paused_requests)
             pauses.add_metric([pool, name], admission.pauses_total)
             output_tokens.add_metric([pool, name], tenant.output_tokens_total)
             waste.add_metric([pool, name, "discarded_output"], tenant.discarded_output_tokens_total)
@@ -163,8 +176,10 @@ class _StateCollector(Collector):
             )
             limit.add_metric([pool, name], admission.limit_slots)
             target.add_metric([pool, name], tenant.target_slots)
-            in_flight.add_metric([pool, name], admission.in_flight)
-            queued.add_metric([pool, name], admission.queued)
+            in_flight.add_metric([pool, name], admission.in_flight_requests)
+            queued.add_metric([pool, name], admission.queued_requests)
+            slots_in_flight.add_metric([pool, name], admission.in_flight)
+            slots_queued.add_metric([pool, name], admission.queued)
             admitted.add_metric([pool, name], admission.admitted_total)
             completed.add_metric([pool, name], admission.completed_total)
             abandoned.add_metric([pool, name], admission.abandoned_total)
@@ -183,6 +198,13 @@ class _StateCollector(Collector):
             labels=["pool"],
         )
         connected.add_metric([pool], 1 if self._state.controlplane_connected else 0)
+        fallbacks = CounterMetricFamily(
+            "slotshift_gateway_prompt_estimate_fallbacks",
+            "Requests of a pool weighing prompts by the engine's /tokenize that were weighed by "
+            "their length instead: the engine gave no count.",
+            labels=["pool"],
+        )
+        fallbacks.add_metric([pool], self._state.prompt_estimate_fallbacks_total)
         yield from (
             tokens,
             paused,
@@ -194,10 +216,13 @@ class _StateCollector(Collector):
             target,
             in_flight,
             queued,
+            slots_in_flight,
+            slots_queued,
             admitted,
             completed,
             rejected,
             abandoned,
             version,
             connected,
+            fallbacks,
         )

@@ -65,6 +65,7 @@ from admission_gateway.figures import RequestFigures, RequestObservation
 from admission_gateway.gateway_state import GatewayState, TenantState
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.preemptible import PreemptibleRelay, Replica
+from admission_gateway.prompt_tokens import PromptCounter
 from admission_gateway.relay import (
     NOT_FORWARDED_UPSTREAM,
     EngineRelay,
@@ -72,6 +73,7 @@ from admission_gateway.relay import (
     record_status,
     request_id,
 )
+from admission_gateway.request_cost import prompt_size, request_cost
 from admission_gateway.resume import not_resumable
 from admission_gateway.routing import (
     ModelNotFound,
@@ -82,7 +84,8 @@ from admission_gateway.routing import (
 )
 from admission_gateway.upstream import EngineClient
 from slotshift.clock import Clock
-from slotshift.trace_context import parent_from
+from slotshift.config import RequestCostConfig
+from slotshift.trace_context import inject_into, parent_from
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +102,8 @@ class PoolEndpoint:
     models: tuple[str, ...] = ()
     """The models its engine serves (routing.py); empty: whatever a request names."""
     preemption_enabled: bool = True
+    request_cost: RequestCostConfig | None = None
+    """How the pool weighs a request in slots (pools[].request_cost); None: one slot each."""
 
 
 class PoolFront:
@@ -140,6 +145,44 @@ class PoolFront:
             else None
         )
         """Serves preemptible tenants' resumable requests; None when preemption is off."""
+        self.request_cost = endpoint.request_cost
+        cost = endpoint.request_cost
+        self.prompt_counter = (
+            PromptCounter(
+                engine=endpoint.engine,
+                engine_url=endpoint.engine_url,
+                timeout_s=cost.tokenize_timeout_s,
+            )
+            if cost is not None and cost.prompt_estimate == "tokenize"
+            else None
+        )
+        """Asks the engine for prompts' token counts; None unless the pool weighs by them."""
+
+    async def cost_slots(self, document: Mapping[str, Any], span: trace.Span) -> int:
+        """Slots the request `document` holds here: 1 unless the pool weighs requests
+        (admission_gateway/request_cost.py), the estimate then put on the request's span."""
+        config = self.request_cost
+        if config is None:
+            return 1
+        counted: int | None = None
+        tokenizable = prompt_size(document).tokenizable
+        if self.prompt_counter is not None and tokenizable is not None:
+            headers: dict[str, str] = {}
+            inject_into(headers, span)
+            counted = await self.prompt_counter.count(tokenizable, document.get("model"), headers)
+        failed = self.prompt_counter is not None and tokenizable is not None and counted is None
+        if failed:
+            self.state.prompt_estimate_fallbacks_total += 1
+        cost = request_cost(document, config, counted_prompt_tokens=counted, tokenize_failed=failed)
+        span.set_attributes(
+            {
+                "slotshift.request.cost_slots": cost.slots,
+                "slotshift.request.prompt_tokens_estimate": cost.prompt_tokens,
+                "slotshift.request.max_tokens_charged": cost.max_tokens,
+                "slotshift.request.cost_estimated_by": cost.estimated_by,
+            }
+        )
+        return cost.slots
 
     @property
     def name(self) -> str:
@@ -367,7 +410,8 @@ class OpenAIProxy:
             if why_not is None:
                 return await self._serve_resumable(request, path, document, span, observed, front)
         body = observed.upstream_body(document, body)
-        async with await self._admit(front, tenant, span, observed):
+        cost_slots = await front.cost_slots(document, span)
+        async with await self._admit(front, tenant, span, observed, cost_slots=cost_slots):
             return await front.relay.forward(request, path, body, observed=observed)
 
     async def _serve_resumable(
@@ -388,7 +432,11 @@ class OpenAIProxy:
         headers["X-Request-Id"] = rid
         document = await preemptible.with_prompt_ids(path, document, headers)
         tenant = observed.tenant
-        slot = await self._admit(front, tenant, span, observed, pausable=True)
+        # After with_prompt_ids: a prompt now of ids is counted exactly, with no second call.
+        cost_slots = await front.cost_slots(document, span)
+        slot = await self._admit(
+            front, tenant, span, observed, pausable=True, cost_slots=cost_slots
+        )
         response_headers: CIMultiDict[str] = CIMultiDict({"X-Request-Id": rid})
         model = document.get("model")
         return await preemptible.serve(
@@ -481,10 +529,11 @@ class OpenAIProxy:
         observed: RequestObservation,
         *,
         pausable: bool = False,
+        cost_slots: int = 1,
     ) -> Slot:
-        """A slot for the request, waited for in a "queue wait" span; the request's span says
-        whether and under which allocation it was admitted, and links to that allocation's
-        decision."""
+        """A slot for the request (worth `cost_slots`), waited for in a "queue wait" span; the
+        request's span says whether and under which allocation it was admitted, and links to
+        that allocation's decision."""
         admission = tenant.admission
         with self._tracer.start_as_current_span(
             "queue wait",
@@ -498,7 +547,7 @@ class OpenAIProxy:
             set_status_on_exception=False,
         ) as waiting:
             try:
-                slot = await self._acquire(tenant, pausable=pausable)
+                slot = await self._acquire(tenant, pausable=pausable, cost_slots=cost_slots)
                 observed.admitted(slot)
             except OpenAIError as error:
                 rejected: dict[str, str | int] = {
@@ -527,9 +576,9 @@ class OpenAIProxy:
             )
         return slot
 
-    async def _acquire(self, tenant: TenantState, *, pausable: bool) -> Slot:
+    async def _acquire(self, tenant: TenantState, *, pausable: bool, cost_slots: int) -> Slot:
         try:
-            slot = await tenant.admission.acquire(pausable=pausable)
+            slot = await tenant.admission.acquire(pausable=pausable, cost_slots=cost_slots)
         except QueueFull:
             raise OpenAIError(
                 429,

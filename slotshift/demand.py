@@ -38,10 +38,12 @@ class TenantDemand:
 
     tenant: str
     in_flight: int = 0
-    """Requests admitted and not yet finished (a paused request counts until it has left the
-    engine)."""
+    """Slots held by requests admitted and not yet finished (a paused request counts until it
+    has left the engine): one a request, unless the pool weighs requests (pools[].request_cost),
+    where a request holds what its size costs."""
     queued: int = 0
-    """Requests waiting in the gateway's queue, paused ones included."""
+    """Slots the requests waiting in the gateway's queue (paused ones included) ask for; one a
+    request unless the pool weighs requests."""
     admitted_total: int = 0
     """Requests admitted (a resumed request is not admitted again)."""
     completed_total: int = 0
@@ -57,7 +59,7 @@ class TenantDemand:
     queue_wait: LatencySummary = LatencySummary()
     """Time recently admitted requests waited in the queue (0 for those admitted at once)."""
     paused: int = 0
-    """Of `queued`, the paused requests waiting to resume."""
+    """Of `queued`, the slots of the paused requests waiting to resume."""
     output_tokens_total: int = 0
     """Output tokens the engine generated for the requests the gateway reads (preemptible
     tenants' requests): the base of the pool's waste share (docs/preemption.md)."""

@@ -79,15 +79,19 @@ def parse_chat_request(body: JsonObject, config: EngineSimConfig) -> GenerationR
 
 
 def tokenize_response(body: JsonObject, config: EngineSimConfig) -> JsonObject:
-    """vLLM's POST /tokenize for a completion prompt (TokenizeCompletionRequest): the prompt's
-    token ids as a completion of it would see them; chat messages are not modelled here."""
+    """vLLM's POST /tokenize: for a completion prompt (TokenizeCompletionRequest) the prompt's
+    token ids as a completion of it would see them; for chat `messages` (TokenizeChatRequest,
+    the generation prompt added, as vLLM's default) the ids a chat completion of them sees."""
     model = body.get("model")
     if model is not None and model != effective_profile(config).model_name:
         raise ApiError(HTTPStatus.NOT_FOUND, f"The model `{model}` does not exist.", param="model")
-    prompt = body.get("prompt")
-    if not isinstance(prompt, str):
-        raise ApiError(HTTPStatus.BAD_REQUEST, "prompt must be a string.", param="prompt")
-    tokens = list(text_token_ids(prompt))
+    if "messages" in body:
+        tokens = list(chat_token_ids(_chat_messages(body.get("messages"))))
+    else:
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise ApiError(HTTPStatus.BAD_REQUEST, "prompt must be a string.", param="prompt")
+        tokens = list(text_token_ids(prompt))
     return {
         "count": len(tokens),
         "max_model_len": config.max_model_len,

@@ -30,6 +30,7 @@ from slotshift.config.policies import AgentPolicyConfig, PolicyName, SloPolicyCo
 from slotshift.config.pools import PoolConfig, TenantConfig
 from slotshift.config.preemption import PreemptionConfig
 from slotshift.config.replica_groups import ReplicaGroupConfig, divide_group, divide_slots
+from slotshift.config.request_cost import PromptEstimate, RequestCostConfig
 from slotshift.config.secrets import (
     read_secret_file,
     read_secret_text,
@@ -69,8 +70,10 @@ __all__ = [
     "Port",
     "PositiveSeconds",
     "PreemptionConfig",
+    "PromptEstimate",
     "ReplicaGroupConfig",
     "ReplicaLossConfig",
+    "RequestCostConfig",
     "RequestLogConfig",
     "ServerTlsConfig",
     "SloPolicyConfig",

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, model_validator
 from slotshift.config.base import ConfigModel, Name, PositiveSeconds
 from slotshift.config.policies import AgentPolicyConfig, PolicyName, SloPolicyConfig
 from slotshift.config.preemption import PreemptionConfig
+from slotshift.config.request_cost import RequestCostConfig
 from slotshift.config.tls import ClientTlsConfig
 
 ModelName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^\S+$")]
@@ -77,7 +78,9 @@ class PoolConfig(ConfigModel):
     """The pool's name; every API message names its pool."""
 
     budget_slots: Annotated[int, Field(ge=1)]
-    """Requests the pool lets into the engine at once, over all tenants and gateways."""
+    """Slots the pool lets into the engine at once, over all tenants and gateways: one per
+    request, or, with `request_cost` set, `request_cost.tokens_per_slot` tokens of expected work
+    each (a request then holds one or more)."""
 
     policy: PolicyName = "demand"
     """The allocation policy that moves slots between this pool's tenants."""
@@ -138,6 +141,12 @@ class PoolConfig(ConfigModel):
 
     preemption: PreemptionConfig = PreemptionConfig()
     """How borrowed work of preemptible tenants is paused and resumed (docs/preemption.md)."""
+
+    request_cost: RequestCostConfig | None = None
+    """Weigh each request by its expected size (prompt plus max_tokens) in slots of
+    `tokens_per_slot` tokens, so that one tenant's long prompts cannot crowd out another's short
+    ones under the same slot count (docs/operations.md, "Token-weighted slots"). Unset: every
+    request costs one slot. The engine's own max_num_seqs still caps the requests it runs."""
 
     def ceiling_of(self, tenant: TenantConfig) -> int:
         """The tenant's effective ceiling: its own, or the whole budget."""

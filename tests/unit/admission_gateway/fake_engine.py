@@ -35,6 +35,8 @@ class FakeEngine:
     aborted: int = 0
     """Requests whose client (the gateway) went away before they were answered."""
     headers_seen: list[dict[str, str]] = field(default_factory=list)
+    tokenize_status: int = 200
+    """What /tokenize answers with: 200 counts a token per character, any other is an error."""
     port: int = 0
     _runner: web.AppRunner | None = None
 
@@ -69,6 +71,8 @@ class FakeEngine:
 
     async def _tokenize(self, request: web.Request) -> web.StreamResponse:
         self.headers_seen.append(dict(request.headers))
+        if self.tokenize_status != 200:
+            return web.json_response({"object": "error"}, status=self.tokenize_status)
         prompt = str((await request.json()).get("prompt", ""))
         tokens = [ord(c) for c in prompt]
         return web.json_response({"count": len(tokens), "max_model_len": 512, "tokens": tokens})

@@ -4,6 +4,7 @@ only that event."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -141,7 +142,9 @@ def test_crlf_streams_are_aligned_and_hidden_as_well() -> None:
 def test_a_chunk_without_an_event_end_waits_and_an_unfinished_one_is_flushed() -> None:
     scanner = UsageScanner()
     assert scanner.feed(b'data: {"choices"') == b""
-    assert scanner.feed(b':[{"text":"a"}]}\n\ndata: {"cho') == b'data: {"choices":[{"text":"a"}]}\n\n'
+    assert (
+        scanner.feed(b':[{"text":"a"}]}\n\ndata: {"cho') == b'data: {"choices":[{"text":"a"}]}\n\n'
+    )
     assert scanner.flush() == b'data: {"cho'
     assert scanner.events == 1
 
@@ -167,7 +170,7 @@ def test_any_split_of_the_stream_relays_the_same_events(
     events = _chat_stream(tokens, usage=usage)
     whole = b"".join(events)
     points = sorted({min(c, len(whole)) for c in cuts} | {0, len(whole)})
-    chunks = [whole[a:b] for a, b in zip(points, points[1:], strict=False)]
+    chunks = [whole[a:b] for a, b in itertools.pairwise(points)]
     scanner = UsageScanner(hide_usage=hide)
     pieces = [scanner.feed(c) for c in chunks]
     assert all(p.endswith(b"\n\n") for p in pieces if p)

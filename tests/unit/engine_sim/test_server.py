@@ -457,3 +457,20 @@ async def test_tokenize_gives_the_ids_a_completion_of_the_prompt_sees(
     assert answers[0] == answers[1]
     async with http.post(f"{sim.url}/tokenize", json={"model": "other", "prompt": "x"}) as r:
         assert r.status == 404
+
+
+async def test_tokenize_counts_chat_messages_as_a_chat_completion_of_them_does(
+    sim: EngineSim, http: aiohttp.ClientSession
+) -> None:
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "what is a slot?"}]},
+    ]
+    async with http.post(f"{sim.url}/tokenize", json={"model": MODEL, "messages": messages}) as r:
+        assert r.status == 200
+        count = (await r.json())["count"]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 1}
+    async with http.post(f"{sim.url}/v1/chat/completions", json=body) as response:
+        assert count == (await response.json())["usage"]["prompt_tokens"]
+    async with http.post(f"{sim.url}/tokenize", json={"messages": "not a list"}) as r:
+        assert r.status == 400

@@ -1,0 +1,60 @@
+"""The engine's count of a prompt's tokens, for pools that weigh requests with "tokenize".
+
+One POST /tokenize per request, before admission (vLLM's TokenizeCompletionRequest for a text
+prompt, TokenizeChatRequest for messages; both answer `count`). Any failure (unreachable, a
+status other than 200, a body without a count, slower than tokenize_timeout_s) gives None: the
+caller then takes the length estimate (admission_gateway/request_cost.py) and counts it
+(GatewayState.prompt_estimate_fallbacks_total), so that a pool whose engine never tokenizes
+shows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+
+from admission_gateway.upstream import EngineClient
+
+logger = logging.getLogger(__name__)
+
+
+class PromptCounter:
+    """Asks one pool's engine how many tokens a prompt has."""
+
+    def __init__(self, *, engine: EngineClient, engine_url: str, timeout_s: float) -> None:
+        self._engine = engine
+        self._url = engine_url.rstrip("/") + "/tokenize"
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+
+    async def count(
+        self, tokenizable: Mapping[str, Any], model: Any, headers: Mapping[str, str]
+    ) -> int | None:
+        """The engine's token count of `tokenizable` (request_cost.PromptSize.tokenizable) for
+        `model` (left out when not a string), or None when it gave none. `headers`: the trace
+        headers to send along."""
+        query = dict(tokenizable)
+        if isinstance(model, str):
+            query["model"] = model
+        try:
+            response = await self._engine.send(
+                "POST",
+                self._url,
+                data=json.dumps(query).encode(),
+                headers={"Content-Type": "application/json", **headers},
+                client_timeout=self._timeout,
+            )
+            async with response:
+                if response.status != 200:
+                    raise ValueError(f"status {response.status}")
+                count = (await response.json())["count"]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+            logger.debug("the engine at %s did not count a prompt: %s", self._url, exc)
+            return None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            logger.debug("the engine at %s counted a prompt as %r", self._url, count)
+            return None
+        return count
