@@ -125,6 +125,7 @@ class RequestObservation:
         self._scanner: UsageScanner | None = None
         """Reads a streamed answer's events on their way, when tokens are counted or logged."""
         self._answered = False
+        self._engine_prompt_tokens: int | None = None
         self._prompt_tokens: int | None = None
         self._output_tokens: int | None = None
         self._output_from: TokenSource | None = None
@@ -172,6 +173,12 @@ class RequestObservation:
         """The request got the last byte of a successful answer now: its end-to-end latency,
         into the window and the histogram."""
         self._figures._e2e(self.tenant, self._clock.monotonic() - self.arrived)
+
+    def prompt_counted(self, tokens: int) -> None:
+        """The engine counted the request's prompt before it ran (its /tokenize, or a prompt of
+        token ids: admission_gateway/request_cost.py): the prompt count of a stream cut before
+        its usage."""
+        self._engine_prompt_tokens = tokens
 
     def upstream_body(self, document: Mapping[str, Any], body: bytes) -> bytes:
         """What to send the engine for the request `document` (parsed from `body`, `asked`
@@ -256,8 +263,9 @@ class RequestObservation:
 
     def _settle_tokens(self) -> None:
         """The request's token counts, from the best source it had: the resume relay's token ids,
-        the engine's usage, else the content events of a stream (token_usage.py: a lower bound,
-        and no prompt count); counted to the tenant when the engine answered."""
+        the engine's usage, else the content events of a stream (token_usage.py: a lower bound)
+        with the prompt as the engine counted it before (`prompt_counted`; else none); counted to
+        the tenant when the engine answered."""
         scanner = self._scanner
         if self._output_from is None and scanner is not None:
             if scanner.usage is not None:
@@ -266,6 +274,7 @@ class RequestObservation:
                 # Less the events before the first token (chat's role-only opening) and [DONE].
                 skipped = self._detector.events_before + scanner.done
                 self._output_tokens = max(0, scanner.events - skipped)
+                self._prompt_tokens = self._engine_prompt_tokens
                 self._output_from = "stream_events"
         # A resumable request is answered once the engine generated for it; one it refused
         # (its prompt known from its token ids all the same) counts nothing.

@@ -158,9 +158,12 @@ class PoolFront:
         )
         """Asks the engine for prompts' token counts; None unless the pool weighs by them."""
 
-    async def cost_slots(self, document: Mapping[str, Any], span: trace.Span) -> int:
+    async def cost_slots(
+        self, document: Mapping[str, Any], span: trace.Span, observed: RequestObservation
+    ) -> int:
         """Slots the request `document` holds here: 1 unless the pool weighs requests
-        (admission_gateway/request_cost.py), the estimate then put on the request's span."""
+        (admission_gateway/request_cost.py), the estimate then put on the request's span (and,
+        when the engine counted the prompt, on its observation: a cut stream's prompt count)."""
         config = self.request_cost
         if config is None:
             return 1
@@ -182,6 +185,8 @@ class PoolFront:
                 "slotshift.request.cost_estimated_by": cost.estimated_by,
             }
         )
+        if cost.estimated_by in ("tokenize", "token_ids"):
+            observed.prompt_counted(cost.prompt_tokens)
         return cost.slots
 
     @property
@@ -410,7 +415,7 @@ class OpenAIProxy:
             if why_not is None:
                 return await self._serve_resumable(request, path, document, span, observed, front)
         body = observed.upstream_body(document, body)
-        cost_slots = await front.cost_slots(document, span)
+        cost_slots = await front.cost_slots(document, span, observed)
         async with await self._admit(front, tenant, span, observed, cost_slots=cost_slots):
             return await front.relay.forward(request, path, body, observed=observed)
 
@@ -433,7 +438,7 @@ class OpenAIProxy:
         document = await preemptible.with_prompt_ids(path, document, headers)
         tenant = observed.tenant
         # After with_prompt_ids: a prompt now of ids is counted exactly, with no second call.
-        cost_slots = await front.cost_slots(document, span)
+        cost_slots = await front.cost_slots(document, span, observed)
         slot = await self._admit(
             front, tenant, span, observed, pausable=True, cost_slots=cost_slots
         )

@@ -129,6 +129,17 @@ def _stream_timed_out(figures: RequestFigures, state: GatewayState, clock: Manua
     observed.responded(200)
 
 
+def _stream_cut_with_its_prompt_counted(
+    figures: RequestFigures, state: GatewayState, clock: ManualClock
+) -> None:
+    observed = _begin(figures, state, clock)
+    observed.asked({"prompt": "x", "stream": True})
+    observed.prompt_counted(12)  # the engine's /tokenize, for a weighted pool
+    observed.admitted(_slot(state, 0.0))
+    observed.streamed(_event({"choices": [{"text": "a"}]}))
+    observed.failed(asyncio.CancelledError())
+
+
 def _stream_without_usage(figures: RequestFigures, state: GatewayState, clock: ManualClock) -> None:
     observed = _begin(figures, state, clock)
     observed.asked({"messages": [], "stream": True, "max_completion_tokens": 3})
@@ -300,6 +311,9 @@ async def test_a_request_ends_once_and_without_a_log_writes_nothing(tmp_path: Pa
     ("play", "counted"),
     [
         pytest.param(_stream_timed_out, (0, 2), id="stream-cut-counts-its-events"),
+        pytest.param(
+            _stream_cut_with_its_prompt_counted, (12, 1), id="stream-cut-with-a-counted-prompt"
+        ),
         pytest.param(_stream_without_usage, (0, 3), id="stream-without-usage"),
         pytest.param(_answer_with_usage, (11, 7), id="answer-with-usage"),
         pytest.param(_resumed, (3, 20), id="paused-and-resumed"),
