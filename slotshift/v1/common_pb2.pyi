@@ -69,9 +69,12 @@ class TenantDemand(_message.Message):
     PAUSES_TOTAL_FIELD_NUMBER: _builtins.int
     tenant: _builtins.str
     in_flight: _builtins.int
-    """Requests admitted and not yet finished."""
+    """Slots held by requests admitted and not yet finished: one per request, or in a pool that
+    weighs requests (pools[].request_cost) each request's cost (docs/operations.md,
+    "Token-weighted slots").
+    """
     queued: _builtins.int
-    """Requests waiting in the gateway's queue."""
+    """Slots asked for by requests waiting in the gateway's queue (counted as in_flight)."""
     admitted_total: _builtins.int
     """Counters since the gateway started."""
     completed_total: _builtins.int

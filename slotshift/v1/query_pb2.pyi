@@ -172,7 +172,7 @@ class TenantInfo(_message.Message):
     TOKENS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     in_flight: _builtins.int
-    """Summed over the pool's gateways."""
+    """Summed over the pool's gateways, in slots (TenantDemand.in_flight)."""
     queued: _builtins.int
     admitted_total: _builtins.int
     """Counters summed over the gateways the control plane counts now, each since that gateway
