@@ -38,8 +38,8 @@ LOST = "small-a"
 
 
 def _config(urls: dict[str, str], grpc_port: int, *, stranded: bool = False) -> SlotshiftConfig:
-    """The fleet; `stranded`: Q, a preemptible tenant of the replica to lose only, instead of P
-    and N (beside P it would change where P's requests are routed)."""
+    """The fleet; `stranded`: the replica to lose serves Q only, a preemptible tenant of no
+    other pool, and the others P (Q beside P and N would change where their requests go)."""
     tenants: list[dict[str, Any]] = [
         {"name": "P", "api_keys": [KEYS["P"]], "preemptible": True},
         {"name": "N", "api_keys": [KEYS["N"]]},
@@ -101,7 +101,7 @@ async def _post(
         return response.status, await response.read()
 
 
-_READ_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
+_CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
 """A stream the gateway broke (a second status line in its body) leaves aiohttp's reader waiting
 (not on the socket: sock_read does not end it); this fails it long before the suite's timeout.
 A healthy answer here takes about a second."""
@@ -192,7 +192,7 @@ async def test_a_lost_replicas_resumable_requests_finish_on_the_other(
     steady = {"model": SMALL, "prompt": "a steady tenant's request", "max_tokens": 48}
     steady |= {"ignore_eos": True}
     other_model = {**steady, "model": LARGE}
-    async with aiohttp.ClientSession(timeout=_READ_TIMEOUT) as session:
+    async with aiohttp.ClientSession(timeout=_CLIENT_TIMEOUT) as session:
         status, raw = await _post(session, url, path, body, "P")
         assert status == 200, raw
         expected = _answer(streamed, raw)
@@ -280,7 +280,7 @@ async def test_a_resumable_request_with_no_other_replica_fails(
     streamed = bool(body.get("stream"))
     engine = stranded_fleet.engines[LOST]
     begun = [asyncio.Event() for _ in range(2)]
-    async with aiohttp.ClientSession(timeout=_READ_TIMEOUT) as session:
+    async with aiohttp.ClientSession(timeout=_CLIENT_TIMEOUT) as session:
         requests = [
             asyncio.create_task(_post_begun(session, url, path, body, "Q", event), name="Q")
             for event in begun
