@@ -27,11 +27,13 @@ a connection reset, a stream cut before its end, or the engine's 503 saying it i
 or aborted the request) and the answer can go on (`Resumption.can_go_on`), the relay asks the
 caller's `find_replica` for another pool serving the request's model; if there is one, the slot
 at the lost pool is released, the request waits for a slot of its tenant there as a paused one
-waits (`TenantAdmission.take_over`), and the next attempt goes to that pool's engine. The
-continuation is token-exact because replicas of one model serve the same model with the same
-tokenizer (what makes them replicas); the prompt's token ids came from the first engine's
-/tokenize. Without another replica the request fails as any other would (502, or the engine's
-503 where it said so).
+waits (`TenantAdmission.take_over`), and the next attempt goes to that pool's engine. A streamed
+client keeps its one stream throughout: the paused keepalive comments while the request waits
+there, then the continuation's events. The continuation is token-exact because replicas of one
+model serve the same model with the same tokenizer (what makes them replicas); the prompt's
+token ids came from the first engine's /tokenize. Without another replica the request fails as
+any other would: 502 (or the engine's 503 where it said so), or an error event where the
+client's stream had begun.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ class _Ended(Exception):
         refusal: web.Response | None = None,
         *,
         engine_lost: bool = False,
+        client: web.StreamResponse | None = None,
     ) -> None:
         super().__init__(error.body())
         self.error = error
@@ -98,6 +101,9 @@ class _Ended(Exception):
         """The engine's own answer, passed through when the client has seen nothing yet."""
         self.engine_lost = engine_lost
         """The engine went away under the attempt: another replica may carry the answer on."""
+        self.client = client
+        """The client's stream, where it is open (this attempt may have opened it): the rest
+        of the answer, or its error event, goes there and nowhere else."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,17 +239,14 @@ class PreemptibleRelay:
                         attempt,
                     )
                 except _Ended as ended:
+                    # An attempt that opened the client's stream and then failed hands it
+                    # over here: a second stream would write a second status line into the
+                    # body, which the client's HTTP parser refuses (it drops the connection).
+                    client = ended.client or client
                     self._account(tenant, resumption, accounted)
-                    # A streamed client's move is not made yet: its connection to the gateway
-                    # was seen to drop while it waited for the other replica's slot (not
-                    # understood; tests/integration/test_replica_resume.py says so). It fails
-                    # as on a single engine.
                     replica = (
                         find_replica(pool)
-                        if ended.engine_lost
-                        and find_replica is not None
-                        and not resumption.client_streams
-                        and resumption.can_go_on()
+                        if ended.engine_lost and find_replica is not None and resumption.can_go_on()
                         else None
                     )
                     if replica is not None:
@@ -303,7 +306,8 @@ class PreemptibleRelay:
         attempt: int,
     ) -> tuple[web.StreamResponse | None, bool]:
         """One upstream attempt; returns the client's response (prepared once the engine
-        accepted the request, for a streaming client) and whether the answer is complete."""
+        accepted the request, for a streaming client) and whether the answer is complete. An
+        `_Ended` raised once that response is prepared carries it."""
         try:
             path, body = resumption.upstream_request()
         except CannotResume as exc:
@@ -379,7 +383,7 @@ class PreemptibleRelay:
                 upstream.close()
                 resumption.attempt_ended()
                 logger.warning("engine stream unreadable: %s", exc)
-                raise _Ended(upstream_unavailable()) from None
+                raise _Ended(upstream_unavailable(), client=client) from None
             except BaseException:
                 upstream.close()
                 raise
@@ -403,7 +407,7 @@ class PreemptibleRelay:
             # [DONE] without a finish is the engine's own odd answer, the same anywhere.
             cut = resumption.in_flight
             resumption.attempt_ended()
-            raise _Ended(upstream_unavailable(), engine_lost=cut)
+            raise _Ended(upstream_unavailable(), engine_lost=cut, client=client)
 
     async def _refused(
         self, upstream: aiohttp.ClientResponse, resumption: Resumption, slot: Slot

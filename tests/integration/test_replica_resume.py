@@ -3,12 +3,15 @@ pools (replicas) and a third serving another model, behind one gateway. When one
 engine stops under load, a preemptible tenant's resumable requests running there go on at the
 other replica: each client gets the full answer, the same as an uninterrupted request's (the
 emulator's next token is a function of the context, and both replicas serve the same model),
-with the true usage. A tenant that is not preemptible has its requests on the lost engine fail
-(502, or the engine's own 503), and the other model's requests never fail."""
+with the true usage, in one stream where it streams. A tenant that is not preemptible has its
+requests on the lost engine fail (502, or the engine's own 503), and the other model's requests
+never fail. A preemptible tenant served by the lost replica only has its requests fail there
+too, a streamed answer under way with one error event that ends its stream."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -23,14 +26,25 @@ from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
-KEYS = {"P": "sk-resume-preemptible-3f1a09", "N": "sk-resume-steady-8c24d7"}
+KEYS = {
+    "P": "sk-resume-preemptible-3f1a09",
+    "N": "sk-resume-steady-8c24d7",
+    "Q": "sk-resume-stranded-61b0ce",
+}
 SMALL = "small"
 LARGE = "large"
 POOLS = {"small-a": SMALL, "small-b": SMALL, "large": LARGE}
 LOST = "small-a"
 
 
-def _config(urls: dict[str, str], grpc_port: int) -> SlotshiftConfig:
+def _config(urls: dict[str, str], grpc_port: int, *, stranded: bool = False) -> SlotshiftConfig:
+    """The fleet; `stranded`: the replica to lose serves Q only, a preemptible tenant of no
+    other pool, and the others P (Q beside P and N would change where their requests go)."""
+    tenants: list[dict[str, Any]] = [
+        {"name": "P", "api_keys": [KEYS["P"]], "preemptible": True},
+        {"name": "N", "api_keys": [KEYS["N"]]},
+    ]
+    stranded_tenant = {"name": "Q", "api_keys": [KEYS["Q"]], "preemptible": True}
     return parse_config(
         {
             "pools": [
@@ -39,10 +53,9 @@ def _config(urls: dict[str, str], grpc_port: int) -> SlotshiftConfig:
                     "models": [model],
                     "budget_slots": 8,
                     "engine_url": urls[pool],
-                    "tenants": [
-                        {"name": "P", "api_keys": [KEYS["P"]], "preemptible": True},
-                        {"name": "N", "api_keys": [KEYS["N"]]},
-                    ],
+                    "tenants": [stranded_tenant if pool == LOST else tenants[0]]
+                    if stranded
+                    else tenants,
                 }
                 for pool, model in POOLS.items()
             ],
@@ -73,6 +86,12 @@ async def fleet() -> AsyncIterator[Fleet]:
         yield await start_fleet(exits, _config, POOLS)
 
 
+@pytest.fixture
+async def stranded_fleet() -> AsyncIterator[Fleet]:
+    async with AsyncExitStack() as exits:
+        yield await start_fleet(exits, functools.partial(_config, stranded=True), POOLS)
+
+
 async def _post(
     session: aiohttp.ClientSession, url: str, path: str, body: dict[str, Any], tenant: str
 ) -> tuple[int, bytes]:
@@ -80,6 +99,23 @@ async def _post(
         url + path, json=body, headers={"Authorization": f"Bearer {KEYS[tenant]}"}
     ) as response:
         return response.status, await response.read()
+
+
+_CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30.0)
+"""A stream the gateway broke (a second status line in its body) leaves aiohttp's reader waiting
+(not on the socket: sock_read does not end it); this fails it long before the suite's timeout.
+A healthy answer here takes about a second."""
+
+
+def _events(raw: bytes) -> list[Any]:
+    """A stream's data events in order: decoded JSON, or the "[DONE]" sentinel."""
+    events: list[Any] = []
+    for block in raw.decode().split("\n\n"):
+        for line in block.splitlines():
+            if line.startswith("data: "):
+                data = line[len("data: ") :]
+                events.append(data if data == "[DONE]" else json.loads(data))
+    return events
 
 
 def _answer(streamed: bool, raw: bytes) -> dict[str, Any]:
@@ -95,12 +131,7 @@ def _answer(streamed: bool, raw: bytes) -> dict[str, Any]:
             "ids": 1,
             "done": 0,
         }
-    events: list[Any] = []
-    for block in raw.decode().split("\n\n"):
-        for line in block.splitlines():
-            if line.startswith("data: "):
-                data = line[len("data: ") :]
-                events.append(data if data == "[DONE]" else json.loads(data))
+    events = _events(raw)
     chunks = [event for event in events if isinstance(event, dict)]
     assert not any("error" in chunk for chunk in chunks), chunks
     text, finish, usage = "", None, None
@@ -137,11 +168,16 @@ _CHAT = {
     "ignore_eos": True,
 }
 
-# A streamed client's request does not move yet (admission_gateway/preemptible.py): its client
-# connection was seen to drop while it waited for the other replica's slot, not yet understood.
+# A streamed answer moves within its one stream (keepalive comments while it waits for the
+# other replica's slot); include_usage adds the usage event that must carry the true totals.
+_USAGE = {"stream": True, "stream_options": {"include_usage": True}}
 SHAPES = [
     pytest.param("/v1/completions", _COMPLETION, id="completions"),
     pytest.param("/v1/chat/completions", _CHAT, id="chat"),
+    pytest.param("/v1/completions", {**_COMPLETION, "stream": True}, id="completions-stream"),
+    pytest.param("/v1/chat/completions", {**_CHAT, "stream": True}, id="chat-stream"),
+    pytest.param("/v1/completions", {**_COMPLETION, **_USAGE}, id="completions-stream-usage"),
+    pytest.param("/v1/chat/completions", {**_CHAT, **_USAGE}, id="chat-stream-usage"),
 ]
 
 
@@ -156,7 +192,7 @@ async def test_a_lost_replicas_resumable_requests_finish_on_the_other(
     steady = {"model": SMALL, "prompt": "a steady tenant's request", "max_tokens": 48}
     steady |= {"ignore_eos": True}
     other_model = {**steady, "model": LARGE}
-    async with aiohttp.ClientSession() as session:
+    async with aiohttp.ClientSession(timeout=_CLIENT_TIMEOUT) as session:
         status, raw = await _post(session, url, path, body, "P")
         assert status == 200, raw
         expected = _answer(streamed, raw)
@@ -214,3 +250,65 @@ async def test_a_lost_replicas_resumable_requests_finish_on_the_other(
         f'slotshift_gateway_requests_moved_total{{direction="out",pool="{LOST}",tenant="P"}} '
         f"{float(moved_out)}" in scrape
     )
+
+
+async def _post_begun(
+    session: aiohttp.ClientSession,
+    url: str,
+    path: str,
+    body: dict[str, Any],
+    tenant: str,
+    begun: asyncio.Event,
+) -> tuple[int, bytes]:
+    """_post, setting `begun` once the answer's first bytes came (at once for a status that is
+    not 200)."""
+    async with session.post(
+        url + path, json=body, headers={"Authorization": f"Bearer {KEYS[tenant]}"}
+    ) as response:
+        first = await response.content.readany() if response.status == 200 else b""
+        begun.set()
+        return response.status, first + await response.read()
+
+
+@pytest.mark.parametrize(("path", "body"), SHAPES)
+async def test_a_resumable_request_with_no_other_replica_fails(
+    stranded_fleet: Fleet, path: str, body: dict[str, Any]
+) -> None:
+    gateway = stranded_fleet.gateways[0]
+    url = f"http://127.0.0.1:{gateway.port}"
+    lost = gateway.states[LOST].tenants["Q"]
+    streamed = bool(body.get("stream"))
+    engine = stranded_fleet.engines[LOST]
+    begun = [asyncio.Event() for _ in range(2)]
+    async with aiohttp.ClientSession(timeout=_CLIENT_TIMEOUT) as session:
+        requests = [
+            asyncio.create_task(_post_begun(session, url, path, body, "Q", event), name="Q")
+            for event in begun
+        ]
+        await wait_until(
+            lambda: (
+                engine.num_running >= 2 and (not streamed or all(event.is_set() for event in begun))
+            ),
+            message="Q's requests running, their streams under way",
+        )
+        steps = engine.engine.core.steps_total
+        await wait_until(
+            lambda: engine.engine.core.steps_total >= steps + 4,
+            message="a few tokens generated",
+        )
+        assert not any(task.done() for task in requests), "answers ended before the loss"
+        await engine.stop()
+        answers = await asyncio.gather(*requests)
+    for status, raw in answers:
+        if not streamed:
+            assert status in (502, 503), raw
+            continue
+        assert status == 200, raw
+        events = _events(raw)
+        assert events and all(isinstance(event, dict) for event in events), "no [DONE]"
+        errors = [event for event in events if "error" in event]
+        assert errors == events[-1:], "the stream under way ends with its one error event"
+        assert errors[0]["error"]["code"] == "upstream_unavailable"
+        assert len({(event["id"], event["created"]) for event in events[:-1]}) == 1
+    assert lost.moved_out_total == 0, "nowhere to move"
+    assert lost.admission.in_flight == 0, "the lost replica's slots are free"
