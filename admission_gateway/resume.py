@@ -106,6 +106,24 @@ class SseDecoder:
         Raises SseTooLong when one event exceeds max_event_bytes (an engine that never ends its
         event would otherwise grow the buffer without bound).
         """
+        if chunk.endswith(b"\n\n") and not self._buffer and not self._data:
+            # Nearly every read of a vLLM stream is whole events of one line each, most often
+            # one: cut them in C. (`\r` is never raw in JSON; an event of several lines, where
+            # there are more line ends than two an event, takes the general path.)
+            if (
+                chunk.find(b"\n") == len(chunk) - 2
+                and chunk.startswith(b"data:")
+                and chunk[-3:-2] != b"\r"
+            ):
+                return [chunk[6:-2] if chunk[5:6] == b" " else chunk[5:-2]]
+            events = chunk.split(b"\n\n")
+            if not events[-1] and chunk.count(b"\n") == 2 * len(events) - 2 and b"\r" not in chunk:
+                del events[-1]
+                return [
+                    event[6:] if event[5:6] == b" " else event[5:]
+                    for event in events
+                    if event.startswith(b"data:")
+                ]
         self._buffer += chunk
         payloads: list[bytes] = []
         start = 0
@@ -458,6 +476,8 @@ class Resumption:
         self._parsed_output: str | None = None
 
         self._identity: dict[str, Any] | None = None
+        self._client_identity: dict[str, Any] | None = None
+        """`_identity_fields()` once the identity is known (it never changes after)."""
         self._role: str | None = None
         self._role_sent = False
         self._prompt_ids_shown = False
@@ -594,7 +614,8 @@ class Resumption:
         attempt = self._attempt
         if attempt is None:
             raise RuntimeError("no upstream attempt is in flight")
-        if is_done(data):
+        # A JSON object cannot be [DONE]: most events skip is_done's strip and copy.
+        if data[:1] != b"{" and is_done(data):
             self._end_attempt()
             return []
         try:
@@ -841,6 +862,7 @@ class Resumption:
                 "created": event.get("created"),
                 "model": event.get("model"),
             }
+            self._client_identity = None
         role: Any = None
         if attempt.upstream_chat:
             delta = choice.get("delta")
@@ -902,20 +924,20 @@ class Resumption:
     def _rewrite(
         self, attempt: _Attempt, event: dict[str, Any], choice: dict[str, Any]
     ) -> dict[str, Any]:
-        """An upstream chunk of the client's own kind, rewritten for the client."""
-        out = {**event, **self._identity_fields()}
-        out_choice = dict(choice)
-        out["choices"] = [out_choice]
-        if "token_ids" in out_choice and not self._client_token_ids:
-            out_choice["token_ids"] = None
-        holder = out if self._chat else out_choice
+        """An upstream chunk of the client's own kind, rewritten for the client: `event` itself,
+        changed in place (it is this module's own, fresh from the decoder, and `choice` is its
+        only choice), which costs a relayed event no copies."""
+        event.update(self._identity_fields())
+        if not self._client_token_ids and "token_ids" in choice:
+            choice["token_ids"] = None
+        holder = event if self._chat else choice
         if holder.get("prompt_token_ids") is not None:
             show = self._client_token_ids and not self._prompt_ids_shown
             holder["prompt_token_ids"] = self._prompt_ids if show else None
             self._prompt_ids_shown = self._prompt_ids_shown or show
-        if out.get("usage") is not None:
-            out["usage"] = self._running_usage()
-        return out
+        if event.get("usage") is not None:
+            event["usage"] = self._running_usage()
+        return event
 
     def _client_chunk(self, *, text: str, token_ids: list[int]) -> dict[str, Any]:
         """A chunk of the client's kind built from scratch (vLLM's keys, exclude_unset)."""
@@ -946,15 +968,22 @@ class Resumption:
             choice["token_ids"] = ids
         return {**self._identity_fields(), "choices": [choice]}
 
-    def _identity_fields(self) -> dict[str, Any]:
+    def _identity_fields(self) -> Mapping[str, Any]:
+        """`id`, `object`, `created` and `model` of the client's chunks (shared: not to be
+        changed; built once, since every relayed event gets them)."""
+        if self._client_identity is not None:
+            return self._client_identity
         identity = self._identity or {"id": None, "created": None, "model": None}
         obj = "chat.completion.chunk" if self._chat else "text_completion"
-        return {
+        fields = {
             "id": identity["id"],
             "object": obj,
             "created": identity["created"],
             "model": identity["model"],
         }
+        if self._identity is not None:
+            self._client_identity = fields
+        return fields
 
     def _running_usage(self) -> dict[str, Any]:
         prompt = self.prompt_tokens or 0
@@ -1009,9 +1038,13 @@ def _cached_tokens(usage: Mapping[str, Any]) -> int | None:
 
 
 def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(item, int) and not isinstance(item, bool) for item in value
-    )
+    if not isinstance(value, list):
+        return False
+    # A loop, not all() over a generator: this runs on every relayed event's token ids.
+    for item in value:
+        if type(item) is not int and (not isinstance(item, int) or isinstance(item, bool)):
+            return False
+    return True
 
 
 def _dumps(payload: Mapping[str, Any]) -> bytes:

@@ -528,6 +528,25 @@ def test_sse_decoder_is_indifferent_to_where_the_bytes_are_split(cuts: list[int]
     assert not decoder.pending
 
 
+_SSE_LINES = st.sampled_from(
+    [b"data: {}", b"data:x", b"data: [DONE]", b"data: a\r", b": c", b"event: e", b"", b"\r"]
+)
+
+
+@given(st.lists(st.lists(_SSE_LINES, max_size=3), max_size=6), st.booleans())
+def test_sse_decoder_reads_whole_events_as_it_reads_them_byte_by_byte(
+    events: list[list[bytes]], crlf: bool
+) -> None:
+    # Whole events in one read take a shortcut; what they yield must not differ.
+    end = b"\r\n" if crlf else b"\n"
+    wire = b"".join(b"".join(line + end for line in lines) + end for lines in events)
+    whole = SseDecoder()
+    one_by_one = SseDecoder()
+    expected = [p for i in range(len(wire)) for p in one_by_one.feed(wire[i : i + 1])]
+    assert whole.feed(wire) == expected
+    assert whole.pending == one_by_one.pending
+
+
 def test_sse_decoder_reports_a_cut_event_and_bounds_memory() -> None:
     decoder = SseDecoder(max_event_bytes=64)
     assert decoder.feed(b"data: {") == []
