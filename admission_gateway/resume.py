@@ -435,6 +435,9 @@ class _Attempt:
     recomputes: bool
     """Whether the engine had computed this request's prompt before this attempt started."""
     waste_counted: bool = False
+    token_prefix: bytes | None = None
+    """How this attempt's completions token chunks begin, up to the text (`_TOKEN_CHUNK`),
+    once its first chunk has told its id; None until then, and for chat chunks."""
 
 
 class Resumption:
@@ -478,6 +481,8 @@ class Resumption:
         self._identity: dict[str, Any] | None = None
         self._client_identity: dict[str, Any] | None = None
         """`_identity_fields()` once the identity is known (it never changes after)."""
+        self._client_token_prefix: bytes | None = None
+        """`_token_prefix` of the client's identity, once a token chunk was spliced."""
         self._role: str | None = None
         self._role_sent = False
         self._prompt_ids_shown = False
@@ -614,6 +619,11 @@ class Resumption:
         attempt = self._attempt
         if attempt is None:
             raise RuntimeError("no upstream attempt is in flight")
+        prefix = attempt.token_prefix
+        if prefix is not None and data.startswith(prefix) and not self.finished:
+            fast = self._take_token_chunk(data, len(prefix))
+            if fast is not None:
+                return fast
         # A JSON object cannot be [DONE]: most events skip is_done's strip and copy.
         if data[:1] != b"{" and is_done(data):
             self._end_attempt()
@@ -906,6 +916,8 @@ class Resumption:
             self.finished = True
             self.finish_reason = str(finish_reason)
             self.stop_reason = choice.get("stop_reason")
+        if attempt.token_prefix is None and not attempt.upstream_chat and not self._chat:
+            attempt.token_prefix = _token_prefix(event)
         if not self.client_streams:
             return []
         if role is not None:
@@ -920,6 +932,45 @@ class Resumption:
             if event.get("usage") is not None:
                 out["usage"] = self._running_usage()
         return [sse_event(out)]
+
+    def _take_token_chunk(self, data: bytes, text_at: int) -> list[bytes] | None:
+        """What `_take_chunk` does with a completions token chunk of the attempt's own prefix
+        and the shape `_TOKEN_CHUNK` (no finish, no usage, no prompt ids) for a completions
+        client, read from the bytes without decoding the whole event: only its text and token
+        ids are parsed, and the client's chunk is the upstream's bytes with the client's
+        identity and token ids spliced in. None when `data` has not that shape (the caller then
+        decodes it as any other event): then nothing was changed."""
+        middle = data.find(_TOKEN_MIDDLE, text_at)
+        if middle < 0:
+            return None
+        ids_at = middle + len(_TOKEN_MIDDLE)
+        ids_end = data.find(b"]", ids_at) + 1
+        if ids_end <= 0 or data[ids_end:] not in _TOKEN_TAILS:
+            return None
+        # A JSON string holds no `,"` (its quotes are escaped): the first _TOKEN_MIDDLE after
+        # the text's opening quote follows its closing one, and what is between is one value.
+        try:
+            text = orjson.loads(data[text_at:middle])
+            token_ids = orjson.loads(data[ids_at - 1 : ids_end])
+        except orjson.JSONDecodeError:
+            return None
+        if type(text) is not str or not _int_list(token_ids):
+            return None
+        self._prefill_done = True
+        self._generated.extend(token_ids)
+        self._text.append(text)
+        has_output = bool(text or token_ids)
+        self._output_seen = self._output_seen or has_output
+        if not self.client_streams:
+            return []
+        self._client_saw_output = self._client_saw_output or has_output
+        prefix = self._client_token_prefix
+        if prefix is None:
+            prefix = self._client_token_prefix = _token_prefix(self._identity_fields())
+            if prefix is None:
+                return None  # not reached: the identity came from a chunk that was encoded
+        ids = data[ids_at - 1 : ids_end] if self._client_token_ids else b"null"
+        return [b"data: " + prefix + data[text_at : ids_at - 1] + ids + data[ids_end:] + b"\n\n"]
 
     def _rewrite(
         self, attempt: _Attempt, event: dict[str, Any], choice: dict[str, Any]
@@ -1027,6 +1078,33 @@ def _prompt_ids_of(path: str, body: Mapping[str, Any]) -> list[int] | None:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
         prompt = prompt[0]
     return list(prompt) if _int_list(prompt) and prompt else None
+
+
+# A completions token chunk as vLLM 0.32 writes it (CompletionStreamResponse, compact JSON):
+# {"id":..,"object":"text_completion","created":..,"model":..,"choices":[{"index":0,"text":..,
+# then _TOKEN_MIDDLE, the token ids, and one of _TOKEN_TAILS. Any other chunk is decoded whole.
+_TOKEN_MIDDLE: Final = (
+    b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
+    b'"token_ids":['
+)
+_TOKEN_TAILS: Final = (b"}]}", b'}],"usage":null}')
+
+
+def _token_prefix(identity: Mapping[str, Any]) -> bytes | None:
+    """How a completions token chunk of this identity (`id`, `created`, `model`) begins, up to
+    its text; None when a value does not encode as JSON."""
+    try:
+        return (
+            b'{"id":'
+            + orjson.dumps(identity.get("id"))
+            + b',"object":"text_completion","created":'
+            + orjson.dumps(identity.get("created"))
+            + b',"model":'
+            + orjson.dumps(identity.get("model"))
+            + b',"choices":[{"index":0,"text":'
+        )
+    except orjson.JSONEncodeError:
+        return None
 
 
 def _cached_tokens(usage: Mapping[str, Any]) -> int | None:
