@@ -692,14 +692,16 @@ def test_only_one_attempt_at_a_time_and_none_after_the_finish() -> None:
 # --- client events -----------------------------------------------------------------------------
 
 
-def completion_chunk(
-    text: str, ids: list[int] | None, *, compact: bool = False, **choice: Any
-) -> bytes:
+def completion_chunk(text: str, ids: list[int] | None, **choice: Any) -> bytes:
     base = {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
     base |= {"stop_reason": None, "prompt_token_ids": None, "token_ids": ids}
     event = {"id": "cmpl-9", "object": "text_completion", "created": 9, "model": "m"}
-    separators = (",", ":") if compact else None
-    return json.dumps({**event, "choices": [base | choice]}, separators=separators).encode()
+    return json.dumps({**event, "choices": [base | choice]}).encode()
+
+
+def compact(payload: bytes) -> bytes:
+    """An event as vLLM writes it: compact JSON (non-ASCII escaped, as json.dumps does)."""
+    return json.dumps(json.loads(payload), separators=(",", ":")).encode()
 
 
 def test_a_token_chunk_reaches_the_client_as_the_engine_encoded_its_text() -> None:
@@ -708,11 +710,11 @@ def test_a_token_chunk_reaches_the_client_as_the_engine_encoded_its_text() -> No
     for asked in (False, True):
         resumption = Resumption(COMPLETIONS_PATH, completions(stream=True, return_token_ids=asked))
         resumption.upstream_request()
-        resumption.feed(completion_chunk("a", [5], compact=True, prompt_token_ids=[1, 2]))
+        resumption.feed(compact(completion_chunk("a", [5], prompt_token_ids=[1, 2])))
         resumption.pause()
         resumption.upstream_request()
-        resumption.feed(completion_chunk("b", [6], compact=True))
-        wire = b"".join(resumption.feed(completion_chunk('\u00e9"', [7, 8], compact=True)))
+        resumption.feed(compact(completion_chunk("b", [6])))
+        wire = b"".join(resumption.feed(compact(completion_chunk('\u00e9"', [7, 8]))))
         assert b'"text":"\\u00e9\\""' in wire
         [chunk] = parse_client(wire)
         assert (chunk["id"], chunk["created"]) == ("cmpl-9", 9)
