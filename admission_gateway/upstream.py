@@ -62,7 +62,7 @@ class EngineCredentialsRefused(aiohttp.ClientError):
 
 @dataclass
 class _Attempt:
-    """What one `session.request` call did, filled in by the tracing signals."""
+    """What one `session.request` call did, filled in by the pool's connector (`_PoolConnector`)."""
 
     reused: list[bool] = field(default_factory=list)
     """One entry per connection the call took, True where it came from the pool. aiohttp itself
