@@ -17,12 +17,16 @@ import logging
 import random
 import socket
 import ssl
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextvars import Token
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.util.types import Attributes
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import SecretStr
 
@@ -86,7 +90,11 @@ class AdmissionGateway:
     ) -> None:
         self._settings = config.gateway
         provider = tracer_provider if tracer_provider is not None else trace.NoOpTracerProvider()
-        self._tracer = provider.get_tracer("slotshift.admission_gateway")
+        self._tracer: trace.Tracer = (
+            _UntracedTracer()
+            if isinstance(provider, trace.NoOpTracerProvider)
+            else provider.get_tracer("slotshift.admission_gateway")
+        )
         try:
             self._pools = config.fronted_pools()
         except KeyError:
@@ -422,6 +430,51 @@ def _request_log_writer(settings: RequestLogConfig, gateway_id: str) -> RequestL
         flush_interval_s=settings.flush_interval_ms / 1000.0,
         max_buffered_records=settings.max_buffered_records,
     )
+
+
+class _UntracedTracer(trace.NoOpTracer):
+    """The no-op tracer (no span is recorded; a client's trace context still reaches the
+    engine, as the current span), with the current span set by a plain context manager: the
+    API's generator-based ones cost a relayed request a tenth of its instructions, for its
+    four spans."""
+
+    def start_as_current_span(  # type: ignore[override]
+        self,
+        name: str,
+        context: Context | None = None,
+        kind: trace.SpanKind = trace.SpanKind.INTERNAL,
+        attributes: Attributes = None,
+        links: Sequence[trace.Link] | None = None,
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+        end_on_exit: bool = True,
+    ) -> _CurrentSpan:
+        # What NoOpTracer's does: its span (the parent's, non-recording) is current inside;
+        # a non-recording span records no exception, no status, and has no end to mark.
+        return _CurrentSpan(self.start_span(name, context))
+
+
+class _CurrentSpan:
+    """`span` as the current span while inside (what `trace.use_span` does for a span that
+    does not record)."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+        self._token: Token[Context] | None = None
+
+    def __enter__(self) -> trace.Span:
+        # A span that is current already (a child of a non-recording span is that span) is
+        # not set again: the context would be the same.
+        if self._span is not trace.get_current_span():
+            self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._token is not None:
+            otel_context.detach(self._token)
 
 
 def _bound_port(runner: web.AppRunner) -> int:

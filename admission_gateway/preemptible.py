@@ -285,8 +285,7 @@ class PreemptibleRelay:
             observed.cut(Outcome.UPSTREAM_ERROR, "engine_error")
         observed.completed()
         if client is not None:
-            for event in resumption.final_events():
-                await write_quietly(client, event)
+            await write_quietly(client, b"".join(resumption.final_events()))
             return client
         body = json.dumps(resumption.response()).encode()
         response_headers = CIMultiDict(response_headers)
@@ -364,21 +363,27 @@ class PreemptibleRelay:
                         break
                     if not chunk:
                         break
+                    if slot.pause_requested:
+                        # Chosen while the last events were being written: what the engine sent
+                        # after them was never delivered, and the continuation starts from what
+                        # was (feeding it could make the answer not continuable).
+                        break
+                    # All the events of one read go to the client in one write (one system
+                    # call, not one an event); nothing is awaited between feeding them, so no
+                    # pause can come in between.
+                    out: list[bytes] = []
                     for data in decoder.feed(chunk):
-                        if slot.pause_requested:
-                            # Chosen while an event was being written: what the engine sent
-                            # after it was never delivered, and the continuation starts from
-                            # what was (feeding it could make the answer not continuable).
-                            break
-                        events = resumption.feed(data)
-                        if client is None:
-                            continue
-                        for event in events:
-                            await client.write(event)
-                            if not first_token.found and first_token.feed(event):
-                                observed.first_token()
+                        out += resumption.feed(data)
                         if not resumption.in_flight:
                             break
+                    if client is None or not out:
+                        continue
+                    await client.write(out[0] if len(out) == 1 else b"".join(out))
+                    if not first_token.found:
+                        for event in out:
+                            if first_token.feed(event):
+                                observed.first_token()
+                                break
             except (UpstreamProtocolError, SseTooLong) as exc:
                 upstream.close()
                 resumption.attempt_ended()

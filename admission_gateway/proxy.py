@@ -47,13 +47,16 @@ relay.py). An admitted request's span links to the decision whose allocation adm
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry import trace
@@ -615,16 +618,19 @@ def _model_not_found(model: str) -> OpenAIError:
     )
 
 
+_LONG_DIGITS = re.compile(rb"[0-9]{20}")
+
+
 def _require_json_object(body: bytes) -> dict[str, Any]:
-    try:
-        document = json.loads(body)
-    except ValueError:
-        raise OpenAIError(
-            400,
-            "The request body is not valid JSON.",
-            error_type="invalid_request_error",
-            code="invalid_json",
-        ) from None
+    # orjson (a few times faster: this runs on every request) where it reads a body as the
+    # json module does: not where a number of 20 digits or more may be an integer past 64 bits
+    # (orjson makes it a float), nor where orjson refuses what json takes (NaN, UTF-16).
+    document: Any = None
+    if _LONG_DIGITS.search(body) is None:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            document = orjson.loads(body)
+    if document is None:
+        document = _json_module_loads(body)
     if not isinstance(document, dict):
         raise OpenAIError(
             400,
@@ -633,3 +639,15 @@ def _require_json_object(body: bytes) -> dict[str, Any]:
             code="invalid_json",
         )
     return document
+
+
+def _json_module_loads(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise OpenAIError(
+            400,
+            "The request body is not valid JSON.",
+            error_type="invalid_request_error",
+            code="invalid_json",
+        ) from None

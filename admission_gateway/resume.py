@@ -106,6 +106,24 @@ class SseDecoder:
         Raises SseTooLong when one event exceeds max_event_bytes (an engine that never ends its
         event would otherwise grow the buffer without bound).
         """
+        if chunk.endswith(b"\n\n") and not self._buffer and not self._data:
+            # Nearly every read of a vLLM stream is whole events of one line each, most often
+            # one: cut them in C. (`\r` is never raw in JSON; an event of several lines, where
+            # there are more line ends than two an event, takes the general path.)
+            if (
+                chunk.find(b"\n") == len(chunk) - 2
+                and chunk.startswith(b"data:")
+                and chunk[-3:-2] != b"\r"
+            ):
+                return [chunk[6:-2] if chunk[5:6] == b" " else chunk[5:-2]]
+            events = chunk.split(b"\n\n")
+            if not events[-1] and chunk.count(b"\n") == 2 * len(events) - 2 and b"\r" not in chunk:
+                del events[-1]
+                return [
+                    event[6:] if event[5:6] == b" " else event[5:]
+                    for event in events
+                    if event.startswith(b"data:")
+                ]
         self._buffer += chunk
         payloads: list[bytes] = []
         start = 0
@@ -417,6 +435,9 @@ class _Attempt:
     recomputes: bool
     """Whether the engine had computed this request's prompt before this attempt started."""
     waste_counted: bool = False
+    token_prefix: bytes | None = None
+    """How this attempt's completions token chunks begin, up to the text (`_TOKEN_CHUNK`),
+    once its first chunk has told its id; None until then, and for chat chunks."""
 
 
 class Resumption:
@@ -458,6 +479,10 @@ class Resumption:
         self._parsed_output: str | None = None
 
         self._identity: dict[str, Any] | None = None
+        self._client_identity: dict[str, Any] | None = None
+        """`_identity_fields()` once the identity is known (it never changes after)."""
+        self._client_token_prefix: bytes | None = None
+        """`_token_prefix` of the client's identity, once a token chunk was spliced."""
         self._role: str | None = None
         self._role_sent = False
         self._prompt_ids_shown = False
@@ -594,7 +619,13 @@ class Resumption:
         attempt = self._attempt
         if attempt is None:
             raise RuntimeError("no upstream attempt is in flight")
-        if is_done(data):
+        prefix = attempt.token_prefix
+        if prefix is not None and data.startswith(prefix) and not self.finished:
+            fast = self._take_token_chunk(data, len(prefix))
+            if fast is not None:
+                return fast
+        # A JSON object cannot be [DONE]: most events skip is_done's strip and copy.
+        if data[:1] != b"{" and is_done(data):
             self._end_attempt()
             return []
         try:
@@ -841,6 +872,7 @@ class Resumption:
                 "created": event.get("created"),
                 "model": event.get("model"),
             }
+            self._client_identity = None
         role: Any = None
         if attempt.upstream_chat:
             delta = choice.get("delta")
@@ -884,6 +916,8 @@ class Resumption:
             self.finished = True
             self.finish_reason = str(finish_reason)
             self.stop_reason = choice.get("stop_reason")
+        if attempt.token_prefix is None and not attempt.upstream_chat and not self._chat:
+            attempt.token_prefix = _token_prefix(event)
         if not self.client_streams:
             return []
         if role is not None:
@@ -899,23 +933,62 @@ class Resumption:
                 out["usage"] = self._running_usage()
         return [sse_event(out)]
 
+    def _take_token_chunk(self, data: bytes, text_at: int) -> list[bytes] | None:
+        """What `_take_chunk` does with a completions token chunk of the attempt's own prefix
+        and the shape `_TOKEN_CHUNK` (no finish, no usage, no prompt ids) for a completions
+        client, read from the bytes without decoding the whole event: only its text and token
+        ids are parsed, and the client's chunk is the upstream's bytes with the client's
+        identity and token ids spliced in. None when `data` has not that shape (the caller then
+        decodes it as any other event): then nothing was changed."""
+        middle = data.find(_TOKEN_MIDDLE, text_at)
+        if middle < 0:
+            return None
+        ids_at = middle + len(_TOKEN_MIDDLE)
+        ids_end = data.find(b"]", ids_at) + 1
+        if ids_end <= 0 or data[ids_end:] not in _TOKEN_TAILS:
+            return None
+        # A JSON string holds no `,"` (its quotes are escaped): the first _TOKEN_MIDDLE after
+        # the text's opening quote follows its closing one, and what is between is one value.
+        try:
+            text = orjson.loads(data[text_at:middle])
+            token_ids = orjson.loads(data[ids_at - 1 : ids_end])
+        except orjson.JSONDecodeError:
+            return None
+        if type(text) is not str or not _int_list(token_ids):
+            return None
+        self._prefill_done = True
+        self._generated.extend(token_ids)
+        self._text.append(text)
+        has_output = bool(text or token_ids)
+        self._output_seen = self._output_seen or has_output
+        if not self.client_streams:
+            return []
+        self._client_saw_output = self._client_saw_output or has_output
+        prefix = self._client_token_prefix
+        if prefix is None:
+            prefix = self._client_token_prefix = _token_prefix(self._identity_fields())
+            if prefix is None:
+                return None  # not reached: the identity came from a chunk that was encoded
+        ids = data[ids_at - 1 : ids_end] if self._client_token_ids else b"null"
+        return [b"data: " + prefix + data[text_at : ids_at - 1] + ids + data[ids_end:] + b"\n\n"]
+
     def _rewrite(
         self, attempt: _Attempt, event: dict[str, Any], choice: dict[str, Any]
     ) -> dict[str, Any]:
-        """An upstream chunk of the client's own kind, rewritten for the client."""
-        out = {**event, **self._identity_fields()}
-        out_choice = dict(choice)
-        out["choices"] = [out_choice]
-        if "token_ids" in out_choice and not self._client_token_ids:
-            out_choice["token_ids"] = None
-        holder = out if self._chat else out_choice
+        """An upstream chunk of the client's own kind, rewritten for the client: `event` itself,
+        changed in place (it is this module's own, fresh from the decoder, and `choice` is its
+        only choice), which costs a relayed event no copies."""
+        event.update(self._identity_fields())
+        if not self._client_token_ids and "token_ids" in choice:
+            choice["token_ids"] = None
+        holder = event if self._chat else choice
         if holder.get("prompt_token_ids") is not None:
             show = self._client_token_ids and not self._prompt_ids_shown
             holder["prompt_token_ids"] = self._prompt_ids if show else None
             self._prompt_ids_shown = self._prompt_ids_shown or show
-        if out.get("usage") is not None:
-            out["usage"] = self._running_usage()
-        return out
+        if event.get("usage") is not None:
+            event["usage"] = self._running_usage()
+        return event
 
     def _client_chunk(self, *, text: str, token_ids: list[int]) -> dict[str, Any]:
         """A chunk of the client's kind built from scratch (vLLM's keys, exclude_unset)."""
@@ -946,15 +1019,22 @@ class Resumption:
             choice["token_ids"] = ids
         return {**self._identity_fields(), "choices": [choice]}
 
-    def _identity_fields(self) -> dict[str, Any]:
+    def _identity_fields(self) -> Mapping[str, Any]:
+        """`id`, `object`, `created` and `model` of the client's chunks (shared: not to be
+        changed; built once, since every relayed event gets them)."""
+        if self._client_identity is not None:
+            return self._client_identity
         identity = self._identity or {"id": None, "created": None, "model": None}
         obj = "chat.completion.chunk" if self._chat else "text_completion"
-        return {
+        fields = {
             "id": identity["id"],
             "object": obj,
             "created": identity["created"],
             "model": identity["model"],
         }
+        if self._identity is not None:
+            self._client_identity = fields
+        return fields
 
     def _running_usage(self) -> dict[str, Any]:
         prompt = self.prompt_tokens or 0
@@ -1000,6 +1080,33 @@ def _prompt_ids_of(path: str, body: Mapping[str, Any]) -> list[int] | None:
     return list(prompt) if _int_list(prompt) and prompt else None
 
 
+# A completions token chunk as vLLM 0.32 writes it (CompletionStreamResponse, compact JSON):
+# {"id":..,"object":"text_completion","created":..,"model":..,"choices":[{"index":0,"text":..,
+# then _TOKEN_MIDDLE, the token ids, and one of _TOKEN_TAILS. Any other chunk is decoded whole.
+_TOKEN_MIDDLE: Final = (
+    b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
+    b'"token_ids":['
+)
+_TOKEN_TAILS: Final = (b"}]}", b'}],"usage":null}')
+
+
+def _token_prefix(identity: Mapping[str, Any]) -> bytes | None:
+    """How a completions token chunk of this identity (`id`, `created`, `model`) begins, up to
+    its text; None when a value does not encode as JSON."""
+    try:
+        return (
+            b'{"id":'
+            + orjson.dumps(identity.get("id"))
+            + b',"object":"text_completion","created":'
+            + orjson.dumps(identity.get("created"))
+            + b',"model":'
+            + orjson.dumps(identity.get("model"))
+            + b',"choices":[{"index":0,"text":'
+        )
+    except orjson.JSONEncodeError:
+        return None
+
+
 def _cached_tokens(usage: Mapping[str, Any]) -> int | None:
     details = usage.get("prompt_tokens_details")
     if not isinstance(details, dict):
@@ -1009,9 +1116,13 @@ def _cached_tokens(usage: Mapping[str, Any]) -> int | None:
 
 
 def _int_list(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(item, int) and not isinstance(item, bool) for item in value
-    )
+    if not isinstance(value, list):
+        return False
+    # A loop, not all() over a generator: this runs on every relayed event's token ids.
+    for item in value:
+        if type(item) is not int and (not isinstance(item, int) or isinstance(item, bool)):
+            return False
+    return True
 
 
 def _dumps(payload: Mapping[str, Any]) -> bytes:

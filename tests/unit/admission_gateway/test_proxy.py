@@ -10,6 +10,7 @@ import aiohttp
 import pytest
 from multidict import CIMultiDictProxy
 
+from admission_gateway import proxy as proxy_module
 from admission_gateway.gateway import AdmissionGateway
 from admission_gateway.gateway_state import TenantLimit
 from tests.support import free_port, wait_until
@@ -350,3 +351,22 @@ async def test_metrics_show_limits_usage_and_rejections(
     ]
     missing = [line for line in expected if line not in text.splitlines()]
     assert not missing, text
+
+
+@pytest.mark.parametrize(
+    ("body", "document"),
+    [
+        pytest.param(b'{"a": [1, "\\u00e9"]}', {"a": [1, "é"]}, id="plain"),
+        pytest.param(
+            b'{"seed": 123456789012345678901234567890}',
+            {"seed": 123456789012345678901234567890},
+            id="integer-past-64-bits-stays-an-integer",
+        ),
+        pytest.param(b'{"a": "\\ud800"}', {"a": "\ud800"}, id="lone-surrogate"),
+        pytest.param(b"\xef\xbb\xbf{}", {}, id="utf-8-bom"),
+    ],
+)
+def test_a_body_reads_as_the_json_module_reads_it(body: bytes, document: dict[str, Any]) -> None:
+    parsed = proxy_module._require_json_object(body)
+    assert parsed == document
+    assert [type(v) for v in parsed.values()] == [type(v) for v in document.values()]

@@ -56,10 +56,14 @@ def render_chat(messages: Sequence[Mapping[str, Any]]) -> list[int]:
 class FakeVllm:
     """Streams (or answers) a request the way vLLM 0.32 does, from a deterministic model."""
 
-    def __init__(self, *, prompt_details: bool = False, cached: int = 0) -> None:
+    def __init__(
+        self, *, prompt_details: bool = False, cached: int = 0, compact: bool = False
+    ) -> None:
         self.calls = 0
         self.prompt_details = prompt_details
         self.cached = cached
+        self.separators = (",", ":") if compact else None
+        """Compact JSON is what vLLM writes (and what the gateway reads without decoding)."""
         self.requests: list[tuple[str, dict[str, Any]]] = []
 
     def _prompt(self, path: str, body: Mapping[str, Any]) -> list[int]:
@@ -175,7 +179,8 @@ class FakeVllm:
             events.append(chunk)
         if usage_on:
             events.append({**head, "choices": [], "usage": self._usage(len(prompt), len(out))})
-        return [json.dumps(event).encode() for event in events] + [b"[DONE]"]
+        encoded = [json.dumps(event, separators=self.separators).encode() for event in events]
+        return [*encoded, b"[DONE]"]
 
     def complete(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         """The non-streamed answer, every field vLLM's model_dump() writes."""
@@ -528,6 +533,25 @@ def test_sse_decoder_is_indifferent_to_where_the_bytes_are_split(cuts: list[int]
     assert not decoder.pending
 
 
+_SSE_LINES = st.sampled_from(
+    [b"data: {}", b"data:x", b"data: [DONE]", b"data: a\r", b": c", b"event: e", b"", b"\r"]
+)
+
+
+@given(st.lists(st.lists(_SSE_LINES, max_size=3), max_size=6), st.booleans())
+def test_sse_decoder_reads_whole_events_as_it_reads_them_byte_by_byte(
+    events: list[list[bytes]], crlf: bool
+) -> None:
+    # Whole events in one read take a shortcut; what they yield must not differ.
+    end = b"\r\n" if crlf else b"\n"
+    wire = b"".join(b"".join(line + end for line in lines) + end for lines in events)
+    whole = SseDecoder()
+    one_by_one = SseDecoder()
+    expected = [p for i in range(len(wire)) for p in one_by_one.feed(wire[i : i + 1])]
+    assert whole.feed(wire) == expected
+    assert whole.pending == one_by_one.pending
+
+
 def test_sse_decoder_reports_a_cut_event_and_bounds_memory() -> None:
     decoder = SseDecoder(max_event_bytes=64)
     assert decoder.feed(b"data: {") == []
@@ -673,6 +697,39 @@ def completion_chunk(text: str, ids: list[int] | None, **choice: Any) -> bytes:
     base |= {"stop_reason": None, "prompt_token_ids": None, "token_ids": ids}
     event = {"id": "cmpl-9", "object": "text_completion", "created": 9, "model": "m"}
     return json.dumps({**event, "choices": [base | choice]}).encode()
+
+
+def compact(payload: bytes) -> bytes:
+    """An event as vLLM writes it: compact JSON (non-ASCII escaped, as json.dumps does)."""
+    return json.dumps(json.loads(payload), separators=(",", ":")).encode()
+
+
+def test_a_token_chunk_reaches_the_client_as_the_engine_encoded_its_text() -> None:
+    # A plain token chunk of vLLM's compact shape is not decoded and encoded again: its text
+    # goes as the engine escaped it, with the client's identity and token ids put in.
+    for asked in (False, True):
+        resumption = Resumption(COMPLETIONS_PATH, completions(stream=True, return_token_ids=asked))
+        resumption.upstream_request()
+        resumption.feed(compact(completion_chunk("a", [5], prompt_token_ids=[1, 2])))
+        resumption.pause()
+        resumption.upstream_request()
+        resumption.feed(compact(completion_chunk("b", [6])))
+        wire = b"".join(resumption.feed(compact(completion_chunk('\u00e9"', [7, 8]))))
+        assert b'"text":"\\u00e9\\""' in wire
+        [chunk] = parse_client(wire)
+        assert (chunk["id"], chunk["created"]) == ("cmpl-9", 9)
+        assert chunk["choices"] == [
+            {
+                "index": 0,
+                "text": '\u00e9"',
+                "logprobs": None,
+                "finish_reason": None,
+                "stop_reason": None,
+                "prompt_token_ids": None,
+                "token_ids": [7, 8] if asked else None,
+            }
+        ]
+        assert resumption.generated_tokens == 4
 
 
 def usage_chunk(prompt: int, completion: int, cached: int | None = None) -> bytes:
@@ -973,12 +1030,13 @@ def requests(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     requests(),
     st.lists(st.integers(0, 14), min_size=1, max_size=5),
     st.randoms(use_true_random=False),
+    st.booleans(),
 )
 def test_a_paused_answer_equals_one_never_paused(
-    request: tuple[str, dict[str, Any]], cuts: list[int], rng: random.Random
+    request: tuple[str, dict[str, Any]], cuts: list[int], rng: random.Random, compact: bool
 ) -> None:
     path, body = request
-    resumption, stream = run(FakeVllm(), path, body, cuts, rng)
+    resumption, stream = run(FakeVllm(compact=compact), path, body, cuts, rng)
     reference = FakeVllm()
     truth = FakeVllm().complete(path, {**body, "stream": False, "stream_options": None})
     assert resumption.generated_tokens == truth["usage"]["completion_tokens"]

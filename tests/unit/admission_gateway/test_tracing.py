@@ -14,9 +14,10 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from admission_gateway import gateway as gateway_module
 from admission_gateway.gateway import AdmissionGateway
 from admission_gateway.gateway_state import TenantLimit
-from slotshift.trace_context import span_context_from
+from slotshift.trace_context import parent_from, span_context_from
 from tests.unit.admission_gateway.conftest import KEYS, auth, make_config
 from tests.unit.admission_gateway.fake_engine import FakeEngine
 
@@ -190,3 +191,26 @@ async def test_without_tracing_the_clients_trace_context_passes_through(
     seen = {k.lower(): v for k, v in engine.headers_seen[-1].items()}
     assert (seen["traceparent"], seen["tracestate"]) == (CLIENT_TRACEPARENT, "client=1")
     assert not exporter.get_finished_spans()
+
+
+def test_without_tracing_the_current_spans_are_the_no_op_tracers() -> None:
+    # The gateway's own no-op tracer sets current spans more cheaply; they must be the same.
+    def current_spans(tracer: trace.Tracer, headers: dict[str, str]) -> list[trace.SpanContext]:
+        seen = [trace.get_current_span().get_span_context()]
+        with tracer.start_as_current_span("server", context=parent_from(headers)) as server:
+            seen.append(server.get_span_context())
+            with tracer.start_as_current_span("upstream") as upstream:
+                seen += [upstream.get_span_context(), trace.get_current_span().get_span_context()]
+            seen.append(trace.get_current_span().get_span_context())
+        seen.append(trace.get_current_span().get_span_context())
+        with pytest.raises(RuntimeError), tracer.start_as_current_span("failing"):
+            raise RuntimeError
+        seen.append(trace.get_current_span().get_span_context())
+        return seen
+
+    client = span_context_from({"traceparent": CLIENT_TRACEPARENT})
+    for headers, inside in (({"traceparent": CLIENT_TRACEPARENT}, client), ({}, None)):
+        expected = current_spans(trace.NoOpTracer(), headers)
+        assert current_spans(gateway_module._UntracedTracer(), headers) == expected
+        outside = trace.INVALID_SPAN_CONTEXT
+        assert expected == [outside, *[inside or outside] * 4, outside, outside]
