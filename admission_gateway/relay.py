@@ -183,7 +183,7 @@ class EngineRelay:
         rid: str,
         observed: RequestObservation | None,
     ) -> web.StreamResponse:
-        response = web.StreamResponse(
+        response = _EventStream(
             status=upstream.status,
             headers=forwardable(upstream.headers, NOT_FORWARDED_DOWNSTREAM),
         )
@@ -215,6 +215,14 @@ class EngineRelay:
         if observed is not None:
             observed.completed()
         return response
+
+
+class _EventStream(web.StreamResponse):
+    """A relayed stream whose headers go out with its first event, in one write: a separate
+    write of the headers costs a system call and a client wake-up before the first token
+    (aiohttp's own `web.Response` defers them the same way)."""
+
+    _send_headers_immediately = False
 
 
 async def _end_stream(
