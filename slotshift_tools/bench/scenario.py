@@ -3,7 +3,9 @@
 A scenario is one server (`budget_slots`: one pool, one engine) or a fleet (`pools`: several
 servers, each a pool with its models, budget and emulator profile, fronted by one gateway fleet
 that routes by the request's model; each tenant names the `model` it sends and the pools it is
-a tenant of). `bench/scenarios/fleet.yaml` is a commented fleet.
+a tenant of, or the replica group: a model's replicas, each pool naming the group in its
+`replica_group`, whose tenants are stated once as the config's `replica_groups` states them).
+`bench/scenarios/fleet.yaml` is a commented fleet.
 
 Models are frozen and validated on load, in the style of slotshift/config.py: units in field
 names, a docstring per field, unknown fields refused. `bench/scenarios/seed.yaml` is the study's
@@ -32,6 +34,7 @@ from slotshift.config import (
     PolicyName,
     PoolConfig,
     TenantConfig,
+    divide_group,
     reveal,
     validation_problems,
 )
@@ -234,8 +237,17 @@ class BenchTenant(_Model):
 
     pools: dict[Name, PoolShare] | None = None
     """Fleet scenarios: the pools it is a tenant of, each with its bounds there (a list of
-    names: the tenant's own bounds in each). Its requests may go to those of them that serve
-    its model."""
+    names: the tenant's own bounds in each); set this or replica_group. Its requests may go to
+    those of them that serve its model. A replica group's member is named in no tenant's pools."""
+
+    replica_group: Name | None = None
+    """Fleet scenarios: the replica group it is a tenant of (set this or pools): it is then a
+    tenant of every pool whose `replica_group` names the group, stated once as the config's
+    `replica_groups` states a group's tenant: floor_slots and ceiling_slots count over the whole
+    group and the control plane's config divides them among the members in proportion to their
+    budgets (largest remainder, a positive floor at least 1 on each member:
+    slotshift/config/replica_groups.py); weight and the other settings apply on each member as
+    they are."""
 
     @field_validator("pools", mode="before")
     @classmethod
@@ -247,16 +259,33 @@ class BenchTenant(_Model):
 
     def pool_tenant(self, pool: str) -> TenantConfig:
         """The tenant as pool `pool` of a fleet has it (its bounds there); the SLOs and keys are
-        the tenant's own. KeyError if it is not a tenant of that pool."""
+        the tenant's own. KeyError if it is not a tenant of that pool by its `pools` (a replica
+        group's tenant: Scenario.tenant_config)."""
         share = (self.pools or {})[pool]
-        return TenantConfig(
-            name=self.name,
-            api_keys=self.api_keys,
+        return self._config(
             floor_slots=self.floor_slots if share.floor_slots is None else share.floor_slots,
             ceiling_slots=(
                 self.ceiling_slots if share.ceiling_slots is None else share.ceiling_slots
             ),
             weight=self.weight if share.weight is None else share.weight,
+        )
+
+    def group_tenant(self) -> TenantConfig:
+        """The tenant as its replica group states it (the config's `replica_groups.N.tenants`):
+        its own floor_slots and ceiling_slots, figures over the whole group."""
+        return self._config(
+            floor_slots=self.floor_slots, ceiling_slots=self.ceiling_slots, weight=self.weight
+        )
+
+    def _config(
+        self, *, floor_slots: int, ceiling_slots: int | None, weight: float
+    ) -> TenantConfig:
+        return TenantConfig(
+            name=self.name,
+            api_keys=self.api_keys,
+            floor_slots=floor_slots,
+            ceiling_slots=ceiling_slots,
+            weight=weight,
             lendable_percent=self.lendable_percent,
             borrowing_limit_percent=self.borrowing_limit_percent,
             preemptible=self.preemptible,
@@ -290,6 +319,13 @@ class FleetPool(_Model):
 
     budget_slots: Annotated[int, Field(ge=1)]
     """The pool's slot budget: most requests inside its engine at once."""
+
+    replica_group: Name | None = None
+    """The replica group it is a member of (the config's pool field of the same name): its
+    tenants are those naming the group in their `replica_group`, their floor and ceiling slots
+    divided among the group's members by budget, so a slower member with the same budget gets
+    the same slots (the division counts slots, not throughput). Members list the same models.
+    Unset: its tenants are those naming it in their `pools`."""
 
     profile: EmulatorProfile = "h200-qwen2.5-3b"
     """The emulator profile of its engine (engine_sim/profiles.py): a slower replica of a small
@@ -474,11 +510,15 @@ class Scenario(_Model):
             return self
         if self.budget_slots is None:
             raise ValueError("set budget_slots (one server) or pools (a fleet)")
-        fleet_only = [t.name for t in self.tenants if t.pools is not None or t.model is not None]
+        fleet_only = [
+            t.name
+            for t in self.tenants
+            if t.pools is not None or t.model is not None or t.replica_group is not None
+        ]
         if fleet_only:
             raise ValueError(
-                f"tenants {fleet_only} set model or pools, which only a fleet scenario (pools) "
-                "takes"
+                f"tenants {fleet_only} set model, pools or replica_group, which only a fleet "
+                "scenario (pools) takes"
             )
         # The pool must be one the control plane accepts: floors within the budget, etc.
         PoolConfig(
@@ -504,31 +544,68 @@ class Scenario(_Model):
             raise ValueError("set budget_slots (one server) or pools (a fleet), not both")
         _no_repeats("pool names", [p.name for p in self.pools])
         pools = {p.name: p for p in self.pools}
+        self._check_groups()
         for tenant in self.tenants:
-            if not tenant.pools:
-                raise ValueError(f"tenant {tenant.name}: a fleet's tenant names its pools")
-            unknown = sorted(set(tenant.pools) - set(pools))
-            if unknown:
-                raise ValueError(f"tenant {tenant.name}: no pools named {unknown}")
+            if tenant.pools and tenant.replica_group is not None:
+                raise ValueError(f"tenant {tenant.name}: set pools or replica_group, not both")
+            if tenant.replica_group is not None:
+                if not self.group_members(tenant.replica_group):
+                    raise ValueError(
+                        f"tenant {tenant.name}: no pool names replica group "
+                        f"{tenant.replica_group!r} as its replica_group"
+                    )
+            elif not tenant.pools:
+                raise ValueError(
+                    f"tenant {tenant.name}: a fleet's tenant names its pools (or its replica_group)"
+                )
+            else:
+                unknown = sorted(set(tenant.pools) - set(pools))
+                if unknown:
+                    raise ValueError(f"tenant {tenant.name}: no pools named {unknown}")
+                members = sorted(p for p in tenant.pools if pools[p].replica_group is not None)
+                if members:
+                    raise ValueError(
+                        f"tenant {tenant.name}: pools {members} are members of a replica group, "
+                        "whose tenants name the group in replica_group instead"
+                    )
             model = self.model_of(tenant)
             if model is None:
                 raise ValueError(f"tenant {tenant.name}: set its model (or the scenario's)")
-            if not any(model in pools[p].models for p in tenant.pools):
+            served = self.tenant_pools(tenant)
+            if not any(model in pools[p].models for p in served):
                 raise ValueError(
-                    f"tenant {tenant.name}: none of its pools {sorted(tenant.pools)} serves "
+                    f"tenant {tenant.name}: none of its pools {sorted(served)} serves "
                     f"its model {model!r}"
                 )
             if isinstance(tenant.arrival, OnOffArrival):
                 # Reclaim is measured against one pool's nominal share; a fleet has several.
                 raise ValueError(f"tenant {tenant.name}: a fleet's tenants take no on_off load")
         for pool in self.pools:
-            # Each pool must be one the control plane accepts with its tenants' bounds there.
+            # Each pool must be one the control plane accepts with its tenants' bounds there (a
+            # member's: the group's bounds divided onto it, as the config's loader divides them).
             PoolConfig(
                 name=pool.name,
                 budget_slots=pool.budget_slots,
                 models=pool.models,
-                tenants=[t.pool_tenant(pool.name) for t in self.pool_tenants(pool.name)],
+                tenants=[self.tenant_config(t, pool.name) for t in self.pool_tenants(pool.name)],
             )
+
+    def _check_groups(self) -> None:
+        """Each replica group named by the pools: its members serve the same models (they are
+        replicas of one model) and some tenant names it (the config refuses a group without
+        tenants)."""
+        for group in self.replica_group_names:
+            members = self.group_members(group)
+            models = {frozenset(p.models) for p in members}
+            if len(models) > 1:
+                raise ValueError(
+                    f"replica group {group!r}: its members are replicas of one model and must "
+                    f"list the same models: { ({p.name: p.models for p in members}) }"
+                )
+            if not self.group_tenants(group):
+                raise ValueError(
+                    f"replica group {group!r}: no tenant names it as its replica_group"
+                )
 
     @property
     def fleet(self) -> bool:
@@ -547,9 +624,44 @@ class Scenario(_Model):
         return tenant.model if tenant.model is not None else self.model
 
     def pool_tenants(self, pool: str) -> list[BenchTenant]:
-        """The tenants of fleet pool `pool`, in the scenario's order (a pool without tenants
-        is refused by the pool's own validation)."""
+        """The tenants of fleet pool `pool`, in the scenario's order: those naming it in their
+        `pools`, or, for a replica group's member, those naming its group (a pool without
+        tenants is refused by the pool's own validation). KeyError for no such pool."""
+        group = self.fleet_pool(pool).replica_group
+        if group is not None:
+            return self.group_tenants(group)
         return [t for t in self.tenants if t.pools is not None and pool in t.pools]
+
+    def tenant_pools(self, tenant: BenchTenant) -> list[str]:
+        """The pools `tenant` is a tenant of: its `pools`, or its replica group's members."""
+        if tenant.replica_group is not None:
+            return [p.name for p in self.group_members(tenant.replica_group)]
+        return list(tenant.pools or {})
+
+    def tenant_config(self, tenant: BenchTenant, pool: str) -> TenantConfig:
+        """`tenant` as fleet pool `pool` has it in the control plane's config: its bounds there
+        (BenchTenant.pool_tenant), or, in a replica group's member, its group figures divided
+        onto that member by the members' budgets (slotshift.config.divide_group, the division
+        the config's loader makes). KeyError if it is not a tenant of that pool."""
+        if tenant.replica_group is None:
+            return tenant.pool_tenant(pool)
+        if self.fleet_pool(pool).replica_group != tenant.replica_group:
+            raise KeyError(pool)
+        budgets = {p.name: p.budget_slots for p in self.group_members(tenant.replica_group)}
+        return divide_group([tenant.group_tenant()], budgets)[pool][0]
+
+    @property
+    def replica_group_names(self) -> list[str]:
+        """The replica groups the fleet's pools name, in the order they are first named."""
+        return list(dict.fromkeys(p.replica_group for p in self.pools if p.replica_group))
+
+    def group_members(self, group: str) -> list[FleetPool]:
+        """The pools naming `group` as their replica_group, in the pools' order."""
+        return [p for p in self.pools if p.replica_group == group]
+
+    def group_tenants(self, group: str) -> list[BenchTenant]:
+        """The tenants naming `group` as their replica_group, in the scenario's order."""
+        return [t for t in self.tenants if t.replica_group == group]
 
     def fleet_pool(self, name: str) -> FleetPool:
         """The fleet pool called `name`; KeyError if there is none."""

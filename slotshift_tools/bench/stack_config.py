@@ -18,8 +18,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from slotshift.config import reveal
-from slotshift_tools.bench.scenario import POOL_BASELINE, PolicyRun, Scenario
+from slotshift.config import TenantConfig, reveal
+from slotshift_tools.bench.scenario import POOL_BASELINE, BenchTenant, PolicyRun, Scenario
 from slotshift_tools.local_stack import HOST, StackPorts
 
 __all__ = [
@@ -113,39 +113,54 @@ def fleet_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
     pool at `ports.engine + its index` with the pool's profile (`local_stack.emulator_profiles`;
     the twin also applies each pool's engine_overrides, which have no place in this file).
 
-    For a policy each pool has its tenants with their bounds there. For the `pool` baseline each
-    pool has ONE tenant, `pool`, holding every key of the fleet, floor 0, under the static
-    policy: every server one unpartitioned pool (a key names one tenant fleet-wide, so the
-    baseline's tenant is the same in every pool). The gateways route the baseline's requests
-    as any others: by model, to the replica where `pool` has the most room at that gateway.
+    For a policy each pool has its tenants with their bounds there; a replica group's member
+    names its group (`replica_group`) and lists none, the group (`replica_groups`) states its
+    tenants once with group-wide floor and ceiling slots, and the config's loader divides them
+    among the members by budget, as for any config file. For the `pool` baseline each pool has
+    ONE tenant, `pool`, holding every key of the fleet, floor 0, under the static policy (a
+    group's members take it from their group): every server one unpartitioned pool (a key
+    names one tenant fleet-wide, so the baseline's tenant is the same in every pool). The
+    gateways route the baseline's requests as any others: by model, to the replica where `pool`
+    has the most room at that gateway.
     """
     baseline = run.policy == POOL_BASELINE
     every_key = [reveal(k) for t in scenario.tenants for k in t.api_keys]
+    unpartitioned = {"name": POOL_BASELINE, "api_keys": every_key, "floor_slots": 0}
     pools: list[dict[str, Any]] = []
     for index, pool in enumerate(scenario.pools):
-        tenants: list[dict[str, Any]]
-        if baseline:
-            tenants = [{"name": POOL_BASELINE, "api_keys": every_key, "floor_slots": 0}]
+        entry: dict[str, Any] = {
+            "name": pool.name,
+            "models": list(pool.models),
+            "budget_slots": pool.budget_slots,
+            "policy": "static" if baseline else run.policy,
+            "decision_period_s": scenario.decision_period_s,
+            "engine_url": f"http://{HOST}:{ports.engine + index}",
+        }
+        if pool.replica_group is not None:
+            entry["replica_group"] = pool.replica_group
+        elif baseline:
+            entry["tenants"] = [unpartitioned]
         else:
-            tenants = []
-            for tenant in scenario.pool_tenants(pool.name):
-                held = tenant.pool_tenant(pool.name).model_dump(mode="json", exclude_unset=True)
-                held["api_keys"] = [reveal(k) for k in tenant.api_keys]
-                tenants.append(held)
-        pools.append(
-            {
-                "name": pool.name,
-                "models": list(pool.models),
-                "budget_slots": pool.budget_slots,
-                "policy": "static" if baseline else run.policy,
-                "decision_period_s": scenario.decision_period_s,
-                "engine_url": f"http://{HOST}:{ports.engine + index}",
-                "tenants": tenants,
-            }
-        )
+            entry["tenants"] = [
+                _held(tenant.pool_tenant(pool.name), tenant)
+                for tenant in scenario.pool_tenants(pool.name)
+            ]
+        pools.append(entry)
+    groups = [
+        {
+            "name": group,
+            "tenants": (
+                [unpartitioned]
+                if baseline
+                else [_held(t.group_tenant(), t) for t in scenario.group_tenants(group)]
+            ),
+        }
+        for group in scenario.replica_group_names
+    ]
     controlplane = f"{HOST}:{ports.controlplane}"
     return {
         "pools": pools,
+        **({"replica_groups": groups} if groups else {}),
         "controlplane": {
             "grpc_host": HOST,
             "grpc_port": ports.controlplane,
@@ -173,6 +188,13 @@ def fleet_config_data(scenario: Scenario, run: PolicyRun, ports: StackPorts) -> 
             "emulator_profiles": {p.name: p.profile for p in scenario.pools},
         },
     }
+
+
+def _held(config: TenantConfig, tenant: BenchTenant) -> dict[str, Any]:
+    """A tenant's config entry as the file states it: the fields set, its keys revealed."""
+    held = config.model_dump(mode="json", exclude_unset=True)
+    held["api_keys"] = [reveal(k) for k in tenant.api_keys]
+    return held
 
 
 def merged_overrides(

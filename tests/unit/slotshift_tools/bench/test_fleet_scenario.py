@@ -135,3 +135,124 @@ def test_the_shipped_fleets_load(name: str) -> None:
     scenario = load_scenario(SCENARIOS / name)
     assert scenario.fleet
     parse_config(_config_of(scenario))
+
+
+def _grouped(**changes: Any) -> dict[str, Any]:
+    """_FLEET with pools a (budget 8) and b (budget 4) one replica group `small`, its tenants A
+    (a floor of 3 and a ceiling of 9 over the group, weight 2) and B (the default bounds);
+    `changes`: dotted paths set after (None: the field removed)."""
+    data = _with("pools.1.budget_slots", 4)
+    data["pools"][0]["replica_group"] = "small"
+    data["pools"][1]["replica_group"] = "small"
+    tenant = data["tenants"][0]
+    del tenant["pools"]
+    tenant.update(replica_group="small", floor_slots=3, ceiling_slots=9, weight=2)
+    data["tenants"].append(
+        {**tenant, "name": "B", "api_keys": ["kb"], "floor_slots": 1, "ceiling_slots": None}
+    )
+    del data["tenants"][2]["weight"]
+    for path, value in changes.items():
+        *parents, last = path.split(".")
+        node: Any = data
+        for part in parents:
+            node = node[int(part)] if part.isdigit() else node[part]
+        if value is None:
+            del node[int(last) if last.isdigit() else last]
+        else:
+            node[int(last) if last.isdigit() else last] = value
+    return data
+
+
+def test_a_replica_groups_tenants_are_its_members_with_the_slots_divided_by_budget() -> None:
+    scenario = parse_scenario(_grouped())
+    assert scenario.replica_group_names == ["small"]
+    assert [p.name for p in scenario.group_members("small")] == ["a", "b"]
+    tenant = scenario.tenant("A")
+    assert [t.name for t in scenario.pool_tenants("a")] == ["A", "B"]
+    assert [t.name for t in scenario.pool_tenants("c")] == ["C"]
+    assert scenario.tenant_pools(tenant) == ["a", "b"]
+    # 3 floor slots over budgets 8 and 4: 2 and 1; a ceiling of 9: 6 and 3; the weight as is.
+    a, b = scenario.tenant_config(tenant, "a"), scenario.tenant_config(tenant, "b")
+    assert (a.floor_slots, a.ceiling_slots, a.weight) == (2, 6, 2)
+    assert (b.floor_slots, b.ceiling_slots, b.weight) == (1, 3, 2)
+    with pytest.raises(KeyError):
+        scenario.tenant_config(tenant, "c")
+
+
+def test_a_replica_groups_config_states_it_once_and_the_loader_divides_it() -> None:
+    scenario = parse_scenario(_grouped())
+    data = _config_of(scenario)
+    (group,) = data["replica_groups"]
+    assert group["name"] == "small"
+    assert [(t["name"], t["floor_slots"], t["ceiling_slots"]) for t in group["tenants"]] == [
+        ("A", 3, 9),
+        ("B", 1, None),
+    ]
+    assert [p.get("replica_group") for p in data["pools"]] == ["small", "small", None]
+    assert "tenants" not in data["pools"][0]
+    config = parse_config(data)
+    for name in ("a", "b"):
+        held = config.pool(name).tenants
+        expected = [scenario.tenant_config(t, name) for t in scenario.pool_tenants(name)]
+        assert [(t.name, t.floor_slots, t.ceiling_slots, t.weight) for t in held] == [
+            (t.name, t.floor_slots, t.ceiling_slots, t.weight) for t in expected
+        ]
+        assert [[reveal(k) for k in t.api_keys] for t in held] == [["ka"], ["kb"]]
+    # B's floor of 1 over the group keeps a slot on each member: 1 and 1.
+    assert [config.pool(name).tenants[1].floor_slots for name in ("a", "b")] == [1, 1]
+    assert [t.name for t in config.pool("c").tenants] == ["C"]
+    baseline = parse_config(_config_of(scenario, "pool"))
+    assert [t.name for t in baseline.replica_group("small").tenants] == ["pool"]
+    for pool in baseline.pools:
+        (tenant,) = pool.tenants
+        assert (tenant.name, tenant.floor_slots, pool.policy) == ("pool", 0, "static")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        pytest.param({"tenants.0.pools": ["a"]}, "not both", id="pools and group"),
+        pytest.param(
+            {"tenants.1.pools": None, "tenants.1.replica_group": "big"},
+            "no pool names",
+            id="unknown group",
+        ),
+        pytest.param(
+            {"tenants.1.pools": ["a", "c"]}, "members of a replica group", id="member in pools"
+        ),
+        pytest.param(
+            {"pools.1.models": ["small", "other"]}, "the same models", id="members differ"
+        ),
+        pytest.param(
+            {"pools.2.replica_group": "spare"}, "no tenant names it", id="group without tenants"
+        ),
+        # 30 floor slots over budgets 8 and 4: 20 and 10, above both budgets.
+        pytest.param({"tenants.0.floor_slots": 30}, "floor", id="floors over a member's budget"),
+    ],
+)
+def test_a_bad_replica_group_is_refused(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        parse_scenario(_grouped(**changes))
+
+
+def test_a_one_server_scenario_refuses_a_replica_group() -> None:
+    seed = load_scenario(SCENARIOS / "seed.yaml").model_dump(mode="json")
+    for tenant in seed["tenants"]:
+        tenant["api_keys"] = [f"key-{tenant['name']}"]
+    seed["tenants"][0]["replica_group"] = "small"
+    with pytest.raises(ScenarioError, match="only a fleet scenario"):
+        parse_scenario(seed)
+
+
+@pytest.mark.parametrize("name", ["fleet.yaml", "fleet-slow-replica.yaml"])
+def test_the_shipped_fleets_state_the_small_replicas_as_one_group(name: str) -> None:
+    """The replicas' tenants stated once divide into the bounds the per-pool form gave each
+    replica (A 2 and B 4 floor slots on each), so the figures of docs/results/fleet.md compare."""
+    config = parse_config(_config_of(load_scenario(SCENARIOS / name)))
+    assert [p.name for p in config.members_of("small")] == ["small-a", "small-b"]
+    for pool in config.members_of("small"):
+        assert [(t.name, t.floor_slots, t.ceiling_slots) for t in pool.tenants] == [
+            ("A", 2, None),
+            ("B", 4, None),
+        ]
+    assert config.pool("large").replica_group is None

@@ -19,21 +19,36 @@ _SMALL = "qwen2.5-3b"
 _LARGE = "qwen2.5-7b"
 
 
-def _fleet(slow_replica: bool = False) -> Scenario:
+def _fleet(
+    slow_replica: bool = False, grouped: bool = False, b_ceiling_slots: int | None = None
+) -> Scenario:
     """Two replicas of the small model (budget 16 each; the second on the 7B profile when
     `slow_replica`) and a server of the large one (budget 8): an interactive and a backlogged
-    batch tenant on the replicas, a backlogged tenant on the large server."""
+    batch tenant on the replicas (floors of 1 and B's `b_ceiling_slots` on each replica), a
+    backlogged tenant on the large server. `grouped`: the replicas one replica group, its
+    tenants stated once with the group-wide figures of the same bounds (twice each)."""
+    group: dict[str, Any] = {"replica_group": "small"} if grouped else {}
+    a_bounds: dict[str, Any] = {"pools": ["small-a", "small-b"]}
+    b_bounds: dict[str, Any] = {
+        "pools": {name: {"ceiling_slots": b_ceiling_slots} for name in ("small-a", "small-b")}
+    }
+    if grouped:
+        a_bounds = {"replica_group": "small", "floor_slots": 2}
+        b_bounds = {"replica_group": "small", "floor_slots": 2}
+        if b_ceiling_slots is not None:
+            b_bounds["ceiling_slots"] = 2 * b_ceiling_slots
     return parse_scenario(
         {
             "name": "fleet-test",
             "seed": 7,
             "pools": [
-                {"name": "small-a", "models": [_SMALL], "budget_slots": 16},
+                {"name": "small-a", "models": [_SMALL], "budget_slots": 16, **group},
                 {
                     "name": "small-b",
                     "models": [_SMALL],
                     "budget_slots": 16,
                     "profile": "h200-qwen2.5-7b" if slow_replica else "h200-qwen2.5-3b",
+                    **group,
                 },
                 {
                     "name": "large",
@@ -47,7 +62,7 @@ def _fleet(slow_replica: bool = False) -> Scenario:
                     "name": "A",
                     "api_keys": ["key-a"],
                     "model": _SMALL,
-                    "pools": ["small-a", "small-b"],
+                    **a_bounds,
                     "arrival": {"kind": "poisson", "rate_per_s": 4.0},
                     "prompt_tokens": 32,
                     "output_tokens": 32,
@@ -57,7 +72,7 @@ def _fleet(slow_replica: bool = False) -> Scenario:
                     "name": "B",
                     "api_keys": ["key-b"],
                     "model": _SMALL,
-                    "pools": ["small-a", "small-b"],
+                    **b_bounds,
                     "arrival": {"kind": "closed_loop", "outstanding": 40},
                     "prompt_tokens": 64,
                     "output_tokens": {"min_tokens": 48, "max_tokens": 80},
@@ -121,6 +136,26 @@ def test_the_faster_replica_completes_more_in_proportion_to_its_capacity() -> No
     assert fast["share"] > 0.55
     assert fast["share_over_capacity_share"] == pytest.approx(1.0, abs=0.10)
     assert slow["share_over_capacity_share"] == pytest.approx(1.0, abs=0.10)
+
+
+def test_a_replica_group_runs_as_the_per_pool_bounds_it_divides_into() -> None:
+    """The replicas' tenants stated once as a group: the control plane's config divides them
+    into the bounds the per-pool form states, and the run is the same request for request."""
+    grouped, per_pool = _fleet(grouped=True, b_ceiling_slots=12), _fleet(b_ceiling_slots=12)
+    group_run, pool_run = _run(grouped), _run(per_pool)
+    for name in ("small-a", "small-b"):
+        bounds = [
+            (t.name, t.floor_slots, t.ceiling_slots)
+            for t in group_run.pools[name].result.config.pools[0].tenants
+        ]
+        assert bounds == [("A", 1, None), ("B", 1, 12)]
+        assert group_run.pools[name].result.config.pools[0].replica_group == "small"
+        assert group_run.pools[name].engine_in_flight_peak <= 16
+    assert [(t.tenant, t.pool, t.status, t.end_s) for t in group_run.fleet.traces] == [
+        (t.tenant, t.pool, t.status, t.end_s) for t in pool_run.fleet.traces
+    ]
+    assert _completed(group_run, "small-a") > 0
+    assert _completed(group_run, "small-b") > 0
 
 
 def test_requests_go_where_the_production_router_sends_them(
