@@ -6,8 +6,10 @@ Each run measures, in order: non-streamed latency and TTFT (`--pairs` interleave
 target), CPU per 1,000 relayed events over `--window-s` of concurrent streams (plain and
 preemptible tenants through the gateway, plain through HAProxy, and direct for the upstream's and
 the harness's own cost), and the interactive tenant's TTFT while the batch tenant streams
-`--batch-events-per-s` through the gateway (and through HAProxy). The headline figures are the
-medians over the runs. Outputs in DIR: gateway.json, gateway.png, summary.md, the generated
+`--batch-events-per-s` through the gateway (and through HAProxy), and the price of token
+accounting: the mixed load of mix.py (plain, cut and paused streams) through two gateways that
+differ only in `gateway.count_tokens`, one window each, their order alternating between runs.
+The headline figures are the medians over the runs. Outputs in DIR: gateway.json, gateway.png, summary.md, the generated
 configs and every process's log. Exit status: 0 when every run measured, 1 when a process
 failed or a request of the bench failed, 2 for bad arguments.
 """
@@ -31,6 +33,7 @@ import aiohttp
 from slotshift.clock import Clock, SystemClock
 from slotshift_tools.gateway_bench.measure import (
     BenchRequestError,
+    Load,
     StreamLoad,
     Target,
     measure_streams,
@@ -38,9 +41,12 @@ from slotshift_tools.gateway_bench.measure import (
     paired_latency,
     ttft_s,
 )
+from slotshift_tools.gateway_bench.mix import MixLoad
 from slotshift_tools.gateway_bench.processes import (
     BATCH,
     INTERACTIVE,
+    MIX_GATEWAYS,
+    MIX_POOL,
     PREEMPTIBLE,
     BenchProcessError,
     BenchProcesses,
@@ -48,6 +54,7 @@ from slotshift_tools.gateway_bench.processes import (
 )
 from slotshift_tools.gateway_bench.report import cpu_figure, latency_figures, markdown_table, plot
 from slotshift_tools.gateway_bench.report import summary as summarize
+from slotshift_tools.metrics_scrape import scrape_samples
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +134,18 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         "quick": quick,
     }
     settings["streams"] = max(1, math.ceil(settings["batch_events_per_s"] / args.events_per_s))
+    # The accounting mix (mix.py) in a pool of 12 slots (4 each): 3 batch streams, 8 preemptible
+    # ones (4 of them on borrowed slots), and the interactive tenant's bursts of 4, which take
+    # its share back and so pause 3 of the borrowed streams each time.
+    settings |= {
+        "mix_budget_slots": 12,
+        "mix_batch_streams": 3,
+        "mix_preemptible_streams": 8,
+        "mix_burst_streams": 4,
+        "mix_burst_interval_s": 1.5,
+        "mix_warmup_s": 2.0 if not quick else 1.0,
+        "mix_connections": 32,
+    }
     return settings
 
 
@@ -144,6 +163,7 @@ async def one_run(
     index: int,
     settings: dict[str, Any],
     targets: list[Target],
+    mix_targets: dict[str, Target],
     processes: BenchProcesses,
     clock: Clock,
 ) -> dict[str, Any]:
@@ -156,7 +176,13 @@ async def one_run(
         for t in targets
     }
     try:
-        run: dict[str, Any] = {"run": index, "latency": {}, "cpu": {}, "interference": {}}
+        run: dict[str, Any] = {
+            "run": index,
+            "latency": {},
+            "cpu": {},
+            "interference": {},
+            "accounting": {},
+        }
         contended: list[str] = []
         for kind, probe in (("non_streamed", non_streamed_s), ("ttft", ttft_s)):
             samples = await paired_latency(
@@ -191,8 +217,7 @@ async def one_run(
                 warmup_s=settings["warmup_s"],
                 window_s=settings["window_s"],
             )
-            if load.errors:
-                raise BenchRequestError(f"{name} streams of {tenant}: {load.errors[:3]}")
+            _require_no_errors(load, f"{name} streams of {tenant}")
             document = window.to_json()
             kind = "preemptible" if tenant == PREEMPTIBLE else "plain"
             document["cpu_ms_per_1000_events"] = cpu_figure(document, process)
@@ -226,19 +251,72 @@ async def one_run(
                 window_s=0.0,
                 during=probes,
             )
-            if load.errors:
-                raise BenchRequestError(f"{proxy} batch streams: {load.errors[:3]}")
+            _require_no_errors(load, f"{proxy} batch streams")
             figures: dict[str, Any] = dict(latency_figures(samples, proxy))
             figures["batch_window"] = window.to_json()
             run["interference"][proxy] = figures
             if window.host_busy_cores >= SATURATED_HOST_FRACTION * (os.cpu_count() or 1):
                 contended.append(f"interference/{proxy}")
             processes.check_alive()
+        mix = list(mix_targets)
+        # Alternated between runs, so that neither gateway always goes first.
+        for name in mix if index % 2 == 0 else reversed(mix):
+            target = mix_targets[name]
+            mixed = MixLoad(
+                target,
+                batch_streams=settings["mix_batch_streams"],
+                preemptible_streams=settings["mix_preemptible_streams"],
+                burst_streams=settings["mix_burst_streams"],
+                max_tokens=settings["stream_tokens"],
+                burst_interval_s=settings["mix_burst_interval_s"],
+            )
+            pauses_before = await _pauses(target)
+            async with aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=settings["mix_connections"])
+            ) as session:
+                window, _ = await measure_streams(
+                    session,
+                    mixed,
+                    pids,
+                    clock,
+                    warmup_s=settings["mix_warmup_s"],
+                    window_s=settings["window_s"],
+                )
+            _require_no_errors(mixed, f"{name} mix")
+            document = window.to_json()
+            document["cpu_ms_per_1000_events"] = cpu_figure(document, name)
+            document |= {
+                "requests": mixed.requests,
+                "cut_by_client": mixed.cut,
+                "bursts": mixed.bursts,
+                "pauses": await _pauses(target) - pauses_before,
+                "count_tokens": MIX_GATEWAYS[name],
+            }
+            run["accounting"][name] = document
+            if window.host_busy_cores >= SATURATED_HOST_FRACTION * (os.cpu_count() or 1):
+                contended.append(f"accounting/{name}")
+            processes.check_alive()
         run["contended_windows"] = contended
         return run
     finally:
         for session in sessions.values():
             await session.close()
+
+
+def _require_no_errors(load: Load, what: str) -> None:
+    if load.errors:
+        raise BenchRequestError(f"{what}: {load.errors[:3]}")
+
+
+async def _pauses(target: Target) -> float:
+    """Times the mix's gateway paused a request so far (its /metrics)."""
+    async with aiohttp.ClientSession() as session:
+        samples = await scrape_samples(session, f"{target.url}/metrics", timeout_s=5.0)
+    return sum(
+        value
+        for labels, value in samples.get("slotshift_gateway_pauses_total", [])
+        if labels.get("pool") == MIX_POOL and labels.get("tenant") == PREEMPTIBLE
+    )
 
 
 async def run_bench(settings: dict[str, Any], out_dir: Path, clock: Clock) -> dict[str, Any]:
@@ -250,6 +328,7 @@ async def run_bench(settings: dict[str, Any], out_dir: Path, clock: Clock) -> di
             budget_slots=settings["budget_slots"],
             events_per_s=settings["events_per_s"],
             with_haproxy=settings["haproxy"],
+            mix_budget_slots=settings["mix_budget_slots"],
         )
         if found.haproxy is None:
             message = HAPROXY_MISSING if settings["haproxy"] else "left out (--no-haproxy)"
@@ -259,10 +338,11 @@ async def run_bench(settings: dict[str, Any], out_dir: Path, clock: Clock) -> di
         else:
             peers["haproxy"] = {"available": True, "version": processes.haproxy_version}
         targets = _targets(found)
+        mix_targets = {name: Target(name, url, found.keys) for name, url in found.mix.items()}
         runs = []
         for index in range(settings["runs"]):
             logger.warning("run %d of %d", index + 1, settings["runs"])
-            runs.append(await one_run(index, settings, targets, processes, clock))
+            runs.append(await one_run(index, settings, targets, mix_targets, processes, clock))
     finally:
         await processes.stop()
     proxies = [t.name for t in targets if t.name != "direct"]

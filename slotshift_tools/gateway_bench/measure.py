@@ -19,7 +19,7 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -55,7 +55,8 @@ def completion_body(*, stream: bool, max_tokens: int) -> dict[str, Any]:
     return body
 
 
-def _headers(target: Target, tenant: str) -> dict[str, str]:
+def headers_for(target: Target, tenant: str) -> dict[str, str]:
+    """The headers of `tenant`'s requests through `target` (its key; none direct)."""
     if target.keys is None:
         return {}
     return {"Authorization": f"Bearer {target.keys[tenant]}"}
@@ -86,7 +87,7 @@ async def non_streamed_s(
     body = completion_body(stream=False, max_tokens=NON_STREAMED_MAX_TOKENS)
     started = clock.monotonic()
     async with session.post(
-        f"{target.url}/v1/completions", json=body, headers=_headers(target, tenant)
+        f"{target.url}/v1/completions", json=body, headers=headers_for(target, tenant)
     ) as response:
         await response.read()
         ended = clock.monotonic()
@@ -104,7 +105,7 @@ async def ttft_s(
     started = clock.monotonic()
     first: float | None = None
     async with session.post(
-        f"{target.url}/v1/completions", json=body, headers=_headers(target, tenant)
+        f"{target.url}/v1/completions", json=body, headers=headers_for(target, tenant)
     ) as response:
         if response.status != 200:
             await response.read()
@@ -141,6 +142,18 @@ async def paired_latency(
     return samples
 
 
+class Load(Protocol):
+    """Streams that run through a window: StreamLoad, or the accounting mix (mix.py)."""
+
+    counter: EventCounter
+    errors: list[str]
+    requests: int
+
+    def start(self, session: aiohttp.ClientSession) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
 @dataclass
 class StreamLoad:
     """Concurrent streams of one tenant through one target (start, then window, then stop)."""
@@ -168,7 +181,7 @@ class StreamLoad:
     async def _run(self, session: aiohttp.ClientSession) -> None:
         body = completion_body(stream=True, max_tokens=self.max_tokens)
         url = f"{self.target.url}/v1/completions"
-        headers = _headers(self.target, self.tenant)
+        headers = headers_for(self.target, self.tenant)
         while True:
             try:
                 async with session.post(url, json=body, headers=headers) as response:
@@ -252,7 +265,7 @@ def window_between(before: CpuMark, after: CpuMark, events: int) -> Window:
 
 async def measure_streams(
     session: aiohttp.ClientSession,
-    load: StreamLoad,
+    load: Load,
     pids: dict[str, int],
     clock: Clock,
     *,

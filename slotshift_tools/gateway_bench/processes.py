@@ -5,6 +5,9 @@
   from a generated config: one pool of the bench's tenants in front of the upstream, stream
   authentication on (generated tokens, StreamTokenFiles), tenants' keys under a generated
   key-digest secret, tracing as the environment configures it (nothing set here);
+- for the price of token accounting (mix.py): a second, small pool of the same tenants and
+  upstream, `MIX_POOL`, fronted by two more gateways that differ only in
+  `gateway.count_tokens` (`gateway-mix-counted`, `gateway-mix-uncounted`);
 - HAProxy (`haproxy -f FILE -db`) with a static split equal to the tenants' nominal shares,
   when the binary is installed.
 
@@ -22,6 +25,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,9 @@ INTERACTIVE = "interactive"
 BATCH = "batch"
 PREEMPTIBLE = "preemptible"
 TENANTS = (INTERACTIVE, BATCH, PREEMPTIBLE)
+MIX_POOL = "mix"
+MIX_GATEWAYS = {"gateway-mix-counted": True, "gateway-mix-uncounted": False}
+"""The accounting mix's gateways, and whether each counts tokens."""
 READY_POLL_S = 0.1
 STOP_GRACE_S = 10.0
 
@@ -65,6 +72,8 @@ class Targets:
     gateway: str
     haproxy: str | None
     keys: dict[str, str]
+    mix: dict[str, str]
+    """The accounting mix's gateways (MIX_GATEWAYS), by name."""
 
 
 def tenant_keys() -> dict[str, str]:
@@ -80,25 +89,29 @@ def stack_config_data(
     metrics_port: int,
     gateway_port: int,
     keys: dict[str, str],
+    mix_budget_slots: int = 12,
 ) -> dict[str, Any]:
-    """The generated config: one pool of the bench's tenants (the preemptible one preemptible),
-    shipped defaults otherwise; stream auth and the key-digest secret are added by the caller."""
+    """The generated config: the bench's pool and the accounting mix's (MIX_POOL), each of the
+    bench's tenants (the preemptible one preemptible), shipped defaults otherwise; stream auth
+    and the key-digest secret are added by the caller."""
+
+    def pool(name: str, budget: int) -> dict[str, Any]:
+        return {
+            "name": name,
+            "budget_slots": budget,
+            "engine_url": f"http://{HOST}:{engine_port}",
+            "tenants": [
+                {
+                    "name": tenant,
+                    "api_keys": [keys[tenant]],
+                    **({"preemptible": True} if tenant == PREEMPTIBLE else {}),
+                }
+                for tenant in TENANTS
+            ],
+        }
+
     return {
-        "pools": [
-            {
-                "name": POOL,
-                "budget_slots": budget_slots,
-                "engine_url": f"http://{HOST}:{engine_port}",
-                "tenants": [
-                    {
-                        "name": name,
-                        "api_keys": [keys[name]],
-                        **({"preemptible": True} if name == PREEMPTIBLE else {}),
-                    }
-                    for name in TENANTS
-                ],
-            }
-        ],
+        "pools": [pool(POOL, budget_slots), pool(MIX_POOL, mix_budget_slots)],
         "controlplane": {"grpc_host": HOST, "grpc_port": grpc_port, "metrics_port": metrics_port},
         "gateway": {
             "host": HOST,
@@ -121,11 +134,20 @@ class BenchProcesses:
         """Each started process's pid, by role (upstream, controlplane, gateway, haproxy)."""
         self.haproxy_version: str | None = None
 
-    async def start(self, *, budget_slots: int, events_per_s: float, with_haproxy: bool) -> Targets:
+    async def start(
+        self,
+        *,
+        budget_slots: int,
+        events_per_s: float,
+        with_haproxy: bool,
+        mix_budget_slots: int = 12,
+    ) -> Targets:
         """Start everything; the targets to measure. BenchProcessError when a process does not
         start or is not ready within the timeout. HAProxy is left out (targets.haproxy None)
         when `with_haproxy` is false or the binary is missing."""
-        engine, grpc_port, metrics_port, gateway_port, haproxy_port = free_ports(5)
+        engine, grpc_port, metrics_port, gateway_port, haproxy_port, *mix_ports = free_ports(
+            5 + len(MIX_GATEWAYS)
+        )
         keys = tenant_keys()
         data = stack_config_data(
             budget_slots=budget_slots,
@@ -134,6 +156,7 @@ class BenchProcesses:
             metrics_port=metrics_port,
             gateway_port=gateway_port,
             keys=keys,
+            mix_budget_slots=mix_budget_slots,
         )
         data["tenant_keys"] = await asyncio.to_thread(generated_tenant_keys, self._out_dir)
         tokens = await asyncio.to_thread(
@@ -176,6 +199,23 @@ class BenchProcesses:
             ],
         )
         await self._wait("gateway", lambda: _every_tenant_served(gateway, keys))
+        mix = {}
+        for (name, counting), port in zip(MIX_GATEWAYS.items(), mix_ports, strict=True):
+            mix_data = {
+                **data,
+                "gateway": {**data["gateway"], "pool": MIX_POOL, "count_tokens": counting},
+            }
+            mix_path = self._out_dir / f"slotshift-{name}.yaml"
+            await asyncio.to_thread(
+                _write_text, mix_path, yaml.safe_dump(mix_data, sort_keys=False)
+            )
+            await self._spawn(
+                name,
+                [*_service_argv("gateway", mix_path), "--gateway-id", name, "--port", str(port)],
+            )
+            mix[name] = f"http://{HOST}:{port}"
+        for name, url in mix.items():
+            await self._wait(name, partial(_every_tenant_served, url, keys))
 
         haproxy_url: str | None = None
         binary = find_haproxy() if with_haproxy else None
@@ -194,7 +234,7 @@ class BenchProcesses:
             await self._spawn("haproxy", [binary, "-f", str(haproxy_path), "-db"])
             url = haproxy_url
             await self._wait("haproxy", lambda: _every_tenant_served(url, keys))
-        return Targets(direct=direct, gateway=gateway, haproxy=haproxy_url, keys=keys)
+        return Targets(direct=direct, gateway=gateway, haproxy=haproxy_url, keys=keys, mix=mix)
 
     def check_alive(self) -> None:
         """BenchProcessError when a process under test has exited."""

@@ -23,8 +23,12 @@ FIGURES = (
     "cpu_ms_per_1000_events_preemptible",
     "interactive_added_ttft_p50_ms_under_batch",
     "interactive_added_ttft_p99_ms_under_batch",
+    "cpu_ms_per_1000_events_mix_counted",
+    "cpu_ms_per_1000_events_mix_uncounted",
+    "token_accounting_cpu_percent",
 )
-"""The headline figures of a proxy (gateway, haproxy), each the median over the runs."""
+"""The headline figures of a proxy (gateway, haproxy), each the median over the runs (the
+accounting mix's only for the gateway)."""
 
 _LABELS = {
     "non_streamed_added_p50_ms": "added latency p50, non-streamed (ms)",
@@ -35,6 +39,9 @@ _LABELS = {
     "cpu_ms_per_1000_events_preemptible": "CPU per 1,000 relayed events, preemptible (ms)",
     "interactive_added_ttft_p50_ms_under_batch": "interactive added TTFT p50 under batch (ms)",
     "interactive_added_ttft_p99_ms_under_batch": "interactive added TTFT p99 under batch (ms)",
+    "cpu_ms_per_1000_events_mix_counted": "CPU per 1,000 events, mix, tokens counted (ms)",
+    "cpu_ms_per_1000_events_mix_uncounted": "CPU per 1,000 events, mix, not counted (ms)",
+    "token_accounting_cpu_percent": "token accounting's added CPU per event, mix (%)",
 }
 
 
@@ -65,7 +72,18 @@ def proxy_figures(run: Mapping[str, Any], proxy: str) -> dict[str, float | None]
     cpu = run["cpu"].get(proxy, {})
     interference = run["interference"].get(proxy)
     preemptible = cpu.get("preemptible")
+    mix = run.get("accounting", {}) if proxy == "gateway" else {}
+    counted, uncounted = (
+        next((w["cpu_ms_per_1000_events"] for w in mix.values() if w["count_tokens"] is c), None)
+        for c in (True, False)
+    )
     return {
+        "cpu_ms_per_1000_events_mix_counted": counted,
+        "cpu_ms_per_1000_events_mix_uncounted": uncounted,
+        # Within one run, side by side: the ratio, not the difference of two medians.
+        "token_accounting_cpu_percent": None
+        if counted is None or not uncounted
+        else (counted / uncounted - 1.0) * 100.0,
         "non_streamed_added_p50_ms": latency["non_streamed"][proxy]["added_p50_ms"],
         "non_streamed_added_p99_ms": latency["non_streamed"][proxy]["added_p99_ms"],
         "ttft_added_p50_ms": latency["ttft"][proxy]["added_p50_ms"],
@@ -131,6 +149,8 @@ def plot(figures: Mapping[str, Mapping[str, float | None]], path: Path, title: s
             [
                 ("plain", "cpu_ms_per_1000_events_plain"),
                 ("preemptible", "cpu_ms_per_1000_events_preemptible"),
+                ("mix,\ncounted", "cpu_ms_per_1000_events_mix_counted"),
+                ("mix, not\ncounted", "cpu_ms_per_1000_events_mix_uncounted"),
             ],
         ),
         (

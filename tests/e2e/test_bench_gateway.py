@@ -79,5 +79,16 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     assert run["cpu"]["direct"]["plain"]["cores"]["upstream"] > 0
     assert plain["harness_cores"] > 0
 
+    mix = run["accounting"]
+    assert {name: window["count_tokens"] for name, window in mix.items()} == {
+        "gateway-mix-counted": True,
+        "gateway-mix-uncounted": False,
+    }
+    for window in mix.values():
+        assert window["events"] > 0 and window["requests"] > 0
+        assert window["cut_by_client"] > 0, "the mix has cancelled streams"
+        assert window["bursts"] >= 1, "the lender took its share back at least once"
+    assert gateway["cpu_ms_per_1000_events_mix_counted"] > 0
+
     assert "CPU per 1,000 relayed events" in (out / "summary.md").read_text()
     assert imread(out / "gateway.png").shape[0] > 100

@@ -18,6 +18,13 @@ def _run(scale: float, *, with_preemptible: bool = True) -> dict[str, Any]:
         "latency": {"non_streamed": {"gateway": latency}, "ttft": {"gateway": latency}},
         "cpu": {"gateway": cpu},
         "interference": {"gateway": {"added_p50_ms": 0.5 * scale, "added_p99_ms": 3.0 * scale}},
+        "accounting": {
+            "gateway-mix-counted": {"cpu_ms_per_1000_events": 21.0 * scale, "count_tokens": True},
+            "gateway-mix-uncounted": {
+                "cpu_ms_per_1000_events": 20.0 * scale,
+                "count_tokens": False,
+            },
+        },
     }
 
 
@@ -27,6 +34,20 @@ def test_each_figure_is_the_median_over_the_runs() -> None:
     assert figures["non_streamed_added_p50_ms"] == pytest.approx(2.0)
     assert figures["cpu_ms_per_1000_events_preemptible"] == pytest.approx(160.0)
     assert figures["interactive_added_ttft_p99_ms_under_batch"] == pytest.approx(6.0)
+    assert figures["cpu_ms_per_1000_events_mix_uncounted"] == pytest.approx(40.0)
+    # Each run's ratio of its two side-by-side windows, then the median.
+    assert figures["token_accounting_cpu_percent"] == pytest.approx(5.0)
+
+
+def test_the_accounting_price_is_the_gateways_alone() -> None:
+    run = _run(1.0)
+    run["latency"]["non_streamed"]["haproxy"] = run["latency"]["non_streamed"]["gateway"]
+    run["latency"]["ttft"]["haproxy"] = run["latency"]["ttft"]["gateway"]
+    run["cpu"]["haproxy"] = run["cpu"]["gateway"]
+    figures = summary([run], ["gateway", "haproxy"])
+    assert figures["gateway"]["token_accounting_cpu_percent"] == pytest.approx(5.0)
+    assert figures["haproxy"]["token_accounting_cpu_percent"] is None
+    assert figures["haproxy"]["cpu_ms_per_1000_events_mix_counted"] is None
 
 
 def test_a_figure_no_run_measured_is_shown_as_missing() -> None:
