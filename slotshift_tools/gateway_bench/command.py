@@ -36,6 +36,7 @@ from slotshift_tools.gateway_bench.measure import (
     Load,
     StreamLoad,
     Target,
+    Window,
     measure_streams,
     non_streamed_s,
     paired_latency,
@@ -223,7 +224,7 @@ async def one_run(
             document["cpu_ms_per_1000_events"] = cpu_figure(document, process)
             document["stream_requests"] = load.requests
             run["cpu"].setdefault(name, {})[kind] = document
-            if window.host_busy_cores >= SATURATED_HOST_FRACTION * (os.cpu_count() or 1):
+            if _contended(window):
                 contended.append(f"cpu/{name}/{kind}")
             processes.check_alive()
 
@@ -255,7 +256,7 @@ async def one_run(
             figures: dict[str, Any] = dict(latency_figures(samples, proxy))
             figures["batch_window"] = window.to_json()
             run["interference"][proxy] = figures
-            if window.host_busy_cores >= SATURATED_HOST_FRACTION * (os.cpu_count() or 1):
+            if _contended(window):
                 contended.append(f"interference/{proxy}")
             processes.check_alive()
         mix = list(mix_targets)
@@ -293,7 +294,7 @@ async def one_run(
                 "count_tokens": MIX_GATEWAYS[name],
             }
             run["accounting"][name] = document
-            if window.host_busy_cores >= SATURATED_HOST_FRACTION * (os.cpu_count() or 1):
+            if _contended(window):
                 contended.append(f"accounting/{name}")
             processes.check_alive()
         run["contended_windows"] = contended
@@ -301,6 +302,11 @@ async def one_run(
     finally:
         for session in sessions.values():
             await session.close()
+
+
+def _contended(window: Window) -> bool:
+    """Whether the processes competed for the host's CPUs over `window`."""
+    return window.host_busy_cores >= SATURATED_HOST_FRACTION * (os.cpu_count() or 1)
 
 
 def _require_no_errors(load: Load, what: str) -> None:
