@@ -122,6 +122,7 @@ class RequestObservation:
         self._queue_wait_s: float | None = None
         self._ttft_s: float | None = None
         self._detector = FirstTokenDetector()
+        self._before_first_token = True
         self._scanner: UsageScanner | None = None
         """Reads a streamed answer's events on their way, when tokens are counted or logged."""
         self._answered = False
@@ -196,12 +197,14 @@ class RequestObservation:
         """`chunk` of the engine's event stream came (b"": the stream ended): what to relay to
         the client now (token_usage.UsageScanner: whole events, less a hidden usage event).
         The first token, when it completes the first content event."""
-        self._answered = True
         scanner = self._scanner
         if scanner is not None:
             chunk = scanner.feed(chunk) if chunk else scanner.flush()
-        if chunk and not self._detector.found and self._detector.feed(chunk):
-            self.first_token()
+        if self._before_first_token and chunk:
+            self._answered = True
+            if self._detector.feed(chunk):
+                self._before_first_token = False
+                self.first_token()
         return chunk
 
     def answered(self, status: int, content: bytes) -> None:

@@ -106,6 +106,23 @@ class _Ended(Exception):
         of the answer, or its error event, goes there and nowhere else."""
 
 
+class _ClientGone(Exception):
+    """The streaming client went away: a write to its stream failed (the server cancels the
+    handler too, but a write may come first)."""
+
+    def __init__(self, client: web.StreamResponse) -> None:
+        super().__init__("client went away")
+        self.client = client
+
+
+async def _write(client: web.StreamResponse, data: bytes) -> None:
+    """`data` to the client's stream; _ClientGone when the client went away."""
+    try:
+        await client.write(data)
+    except ConnectionResetError:
+        raise _ClientGone(client) from None
+
+
 @dataclass(frozen=True, slots=True)
 class Replica:
     """Another pool whose engine serves the request's model, where a request whose engine was
@@ -271,6 +288,11 @@ class PreemptibleRelay:
                 slot = await self._keeping_alive(
                     tenant.admission.resume(slot), client, f"resume {tenant.name} request"
                 )
+        except _ClientGone as gone:
+            # As the plain relay does: the engine's work is stopped (the attempt closed its
+            # connection), and the request ends as cancelled, not as the gateway's error.
+            observed.cut(Outcome.CANCELLED, "client_disconnected")
+            return gone.client
         finally:
             slot.release()
             observed.counted(
@@ -378,7 +400,7 @@ class PreemptibleRelay:
                             break
                     if client is None or not out:
                         continue
-                    await client.write(out[0] if len(out) == 1 else b"".join(out))
+                    await _write(client, out[0] if len(out) == 1 else b"".join(out))
                     if not first_token.found:
                         for event in out:
                             if first_token.feed(event):
@@ -476,7 +498,7 @@ class PreemptibleRelay:
                 if done:
                     return waiting.result()
                 if client is not None:
-                    await client.write(SSE_KEEPALIVE)
+                    await _write(client, SSE_KEEPALIVE)
         except BaseException:
             waiting.cancel()
             # The cancelled wait leaves no trace in the queue; a slot granted in the meantime

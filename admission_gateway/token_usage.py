@@ -78,7 +78,7 @@ class UsageScanner:
     """Reads an SSE stream on its way to the client (see the module docstring): `feed` returns
     the bytes to relay now; `usage` is the engine's last usage once an event carried it."""
 
-    __slots__ = ("_pending", "done", "events", "hide_usage", "usage")
+    __slots__ = ("_last", "_pending", "events", "hide_usage", "usage")
 
     def __init__(self, *, hide_usage: bool = False) -> None:
         self.hide_usage = hide_usage
@@ -86,8 +86,7 @@ class UsageScanner:
         self._pending = b""
         self.events = 0
         """Complete events relayed (or taken out) so far, `[DONE]` included."""
-        self.done = False
-        """Whether the stream's `[DONE]` event went by."""
+        self._last = b""
         self.usage: tuple[int, int] | None = None
         """(prompt, completion) tokens from the newest event that carried usage."""
 
@@ -104,12 +103,17 @@ class UsageScanner:
                 chunk = chunk[:end]
         if not chunk:
             return b""
+        # Per read, the least that can be done: two searches in C and two stores.
         self.events += chunk.count(b"\n\n") or chunk.count(b"\r\n\r\n")
-        if chunk.endswith((b"[DONE]\n\n", b"[DONE]\r\n\r\n")):
-            self.done = True
-        if _USAGE_KEY in chunk:
+        self._last = chunk
+        if b'"usage":' in chunk:
             chunk = self._take_usage(chunk)
         return chunk
+
+    @property
+    def done(self) -> bool:
+        """Whether the stream's last event so far is `[DONE]`."""
+        return self._last.endswith((b"[DONE]\n\n", b"[DONE]\r\n\r\n"))
 
     def flush(self) -> bytes:
         """What is left at the stream's end: an event the engine never finished."""

@@ -310,3 +310,36 @@ async def test_the_budget_holds_while_borrowed_work_pauses_for_a_lender(harness:
     assert all(status == 200 for status, _ in results), results
     assert harness.b.admission.pauses_total >= BUDGET - 1
     assert harness.engine.peak_in_server <= BUDGET
+
+
+async def test_a_streaming_client_that_goes_away_ends_its_resumable_request(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client closes its connection mid-stream: the engine's work stops, the slot is free,
+    the request ends as cancelled (not as the gateway's own error), and what the engine
+    delivered is counted to the tenant."""
+    body = {**_COMPLETION, "stream": True, "max_tokens": 400, "ignore_eos": True}
+    harness.apply(2)
+    received = 0
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(
+            harness.url + "/v1/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEYS['B']}"},
+        ) as response,
+    ):
+        assert response.status == 200
+        async for line in response.content:
+            received += line.startswith(b"data: {")
+            if received == 5:
+                break
+    await wait_until(
+        lambda: harness.b.admission.in_flight == 0 and harness.engine.num_running == 0,
+        message="the slot and the engine free",
+    )
+    (totals,) = harness.b.tokens.values()
+    assert 5 <= totals.completion_tokens_total < 400
+    assert totals.prompt_tokens_total > 0, "the prompt's ids were known before it ran"
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert not errors, [r.getMessage() for r in errors]
