@@ -123,6 +123,7 @@ class RequestObservation:
         self._ttft_s: float | None = None
         self._detector = FirstTokenDetector()
         self._before_first_token = True
+        self._reads_before_first_token = 0
         self._scanner: UsageScanner | None = None
         """Reads a streamed answer's events on their way, when tokens are counted or logged."""
         self._answered = False
@@ -205,6 +206,8 @@ class RequestObservation:
             if self._detector.feed(chunk):
                 self._before_first_token = False
                 self.first_token()
+            else:
+                self._reads_before_first_token += 1
         return chunk
 
     def answered(self, status: int, content: bytes) -> None:
@@ -273,10 +276,10 @@ class RequestObservation:
         if self._output_from is None and scanner is not None:
             if scanner.usage is not None:
                 self._take_usage(*scanner.usage)
-            elif scanner.events:
-                # Less the events before the first token (chat's role-only opening) and [DONE].
-                skipped = self._detector.events_before + scanner.done
-                self._output_tokens = max(0, scanner.events - skipped)
+            elif scanner.reads:
+                # Less the reads before the first token (chat's role-only opening) and [DONE].
+                skipped = self._reads_before_first_token + scanner.done
+                self._output_tokens = max(0, scanner.reads - skipped)
                 self._prompt_tokens = self._engine_prompt_tokens
                 self._output_from = "stream_events"
         # A resumable request is answered once the engine generated for it; one it refused

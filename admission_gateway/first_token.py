@@ -25,8 +25,6 @@ class FirstTokenDetector:
         self._max_line_bytes = max_line_bytes
         self.found = False
         """Whether an event with generated content has been seen."""
-        self.events_before = 0
-        """Events before the first with content (a chat stream's role-only opening event)."""
 
     def feed(self, chunk: bytes) -> bool:
         """Consume the next bytes; True once the first content event is complete."""
@@ -39,12 +37,10 @@ class FirstTokenDetector:
                 break
             line = bytes(self._buffer[:end]).rstrip(b"\r")
             del self._buffer[: end + 1]
-            if line.startswith(b"data:"):
-                if _carries_content(line[5:].strip()):
-                    self.found = True
-                    self._buffer.clear()
-                    return True
-                self.events_before += 1
+            if line.startswith(b"data:") and _carries_content(line[5:].strip()):
+                self.found = True
+                self._buffer.clear()
+                return True
         if len(self._buffer) > self._max_line_bytes:
             # No sane event is this long; stop holding memory for it.
             self._buffer.clear()

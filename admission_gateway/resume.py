@@ -117,7 +117,11 @@ class SseDecoder:
             ):
                 return [chunk[6:-2] if chunk[5:6] == b" " else chunk[5:-2]]
             events = chunk.split(b"\n\n")
-            if not events[-1] and chunk.count(b"\n") == 2 * len(events) - 2 and b"\r" not in chunk:
+            if (
+                not events[-1]
+                and chunk.count(b"\n") == 2 * len(events) - 2
+                and chunk.find(b"\r") < 0
+            ):
                 del events[-1]
                 return [
                     event[6:] if event[5:6] == b" " else event[5:]

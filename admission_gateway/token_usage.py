@@ -9,15 +9,17 @@ the body it has read anyway. A stream carries it only when the request asks for
 
 The scanner does no per-event parsing. It keeps the relayed bytes aligned on event boundaries
 (an event split across reads is held until its blank line arrives, which costs nothing in latency:
-an SSE client cannot use half an event), counts the events with one C-level search per read, and
-parses only the one event that holds `"usage":`. That key cannot appear inside generated text: a
+an SSE client cannot use half an event), counts the reads it relays (each holds at least one
+whole event), and parses only the one event that holds `"usage":`, found with one C-level search
+per read. That key cannot appear inside generated text: a
 quote in a JSON string is escaped, so `"usage":` occurs only as an object's key.
 
 A stream cut before its usage event (the client went away, the engine failed) counts what the
-engine delivered to the gateway: its content events, each at least one token. What is missed is
-at most the tokens of the engine step in progress when the stream was cut, plus, when the engine
-merged several steps into one event (vLLM does for a reader that lags, and with speculative
-decoding), the extra tokens of those events: the count is a lower bound. A non-streamed request
+engine delivered to the gateway: the reads of content it relayed, each at least one event of at
+least one token. What is missed is at most the tokens of the engine step in progress when the
+stream was cut, plus, where one read held several events (a gateway that lags behind its engine)
+or one event several tokens (vLLM merges steps for a reader that lags, and with speculative
+decoding), the extra ones: the count is a lower bound. A non-streamed request
 cancelled before its answer came counts nothing: the engine delivered nothing.
 """
 
@@ -78,14 +80,14 @@ class UsageScanner:
     """Reads an SSE stream on its way to the client (see the module docstring): `feed` returns
     the bytes to relay now; `usage` is the engine's last usage once an event carried it."""
 
-    __slots__ = ("_last", "_pending", "events", "hide_usage", "usage")
+    __slots__ = ("_last", "_pending", "hide_usage", "reads", "usage")
 
     def __init__(self, *, hide_usage: bool = False) -> None:
         self.hide_usage = hide_usage
         """Take the usage-only event (`choices` `[]`) out: the client did not ask for it."""
         self._pending = b""
-        self.events = 0
-        """Complete events relayed (or taken out) so far, `[DONE]` included."""
+        self.reads = 0
+        """Reads relayed so far, each of whole events (at least one; `[DONE]` included)."""
         self._last = b""
         self.usage: tuple[int, int] | None = None
         """(prompt, completion) tokens from the newest event that carried usage."""
@@ -103,11 +105,14 @@ class UsageScanner:
                 chunk = chunk[:end]
         if not chunk:
             return b""
-        # Per read, the least that can be done: two searches in C and two stores.
-        self.events += chunk.count(b"\n\n") or chunk.count(b"\r\n\r\n")
+        # Per read, the least that can be done: one search in C and two stores. `rfind`, not
+        # `in`: CPython's bytes `in` first tries its operand as an integer, and raises and
+        # clears a TypeError with a formatted message on every call.
+        self.reads += 1
         self._last = chunk
-        if b'"usage":' in chunk:
-            chunk = self._take_usage(chunk)
+        at = chunk.rfind(_USAGE_KEY)
+        if at >= 0:
+            chunk = self._take_usage(chunk, at)
         return chunk
 
     @property
@@ -120,8 +125,7 @@ class UsageScanner:
         rest, self._pending = self._pending, b""
         return rest
 
-    def _take_usage(self, chunk: bytes) -> bytes:
-        at = chunk.rfind(_USAGE_KEY)
+    def _take_usage(self, chunk: bytes, at: int) -> bytes:
         start = _last_event_end(chunk, at)
         end = _event_end(chunk, at)
         event = _data_of(chunk[start:end])
@@ -137,7 +141,7 @@ class UsageScanner:
 
 def usage_of_answer(content: bytes) -> tuple[int, int] | None:
     """(prompt, completion) tokens from a whole (non-streamed) answer's `usage`."""
-    if _USAGE_KEY not in content:
+    if content.find(_USAGE_KEY) < 0:
         return None
     try:
         answer: Any = orjson.loads(content)

@@ -123,7 +123,9 @@ def _stream_timed_out(figures: RequestFigures, state: GatewayState, clock: Manua
     observed.asked({"prompt": "x", "stream": True})
     observed.admitted(_slot(state, 0.25))
     clock.advance(0.5)
-    observed.streamed(_event({"choices": [{"text": "a"}]}) + _event({"choices": [{"text": "b"}]}))
+    # An engine sends an event a step, each its own read.
+    observed.streamed(_event({"choices": [{"text": "a"}]}))
+    observed.streamed(_event({"choices": [{"text": "b"}]}))
     clock.advance(1.0)
     observed.cut_by(upstream_timeout())
     observed.responded(200)
@@ -145,11 +147,12 @@ def _stream_without_usage(figures: RequestFigures, state: GatewayState, clock: M
     observed.asked({"messages": [], "stream": True, "max_completion_tokens": 3})
     observed.admitted(_slot(state, 0.0))
     clock.advance(0.1)
-    # Chat's role-only first event is no token; events may be split across chunks.
+    # Chat's role-only first event is no token; an event may be split across reads.
     observed.streamed(_event({"choices": [{"delta": {"role": "assistant"}}]}))
-    whole = _event({"choices": [{"delta": {"content": "hi"}}]}) * 3 + b"data: [DONE]\n\n"
-    observed.streamed(whole[:17])
-    observed.streamed(whole[17:])
+    content = _event({"choices": [{"delta": {"content": "hi"}}]})
+    observed.streamed(content[:17])
+    for read in (content[17:], content, content, b"data: [DONE]\n\n"):
+        observed.streamed(read)
     observed.completed()
     observed.responded(200)
 
