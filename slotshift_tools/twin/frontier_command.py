@@ -70,6 +70,8 @@ class PolicyPoint:
     lender_safe: bool
     """Whether the run is lender-safe against the nominal static split (`is_lender_safe`);
     False when the split was not simulated."""
+    per_window: tuple[WindowFigures, ...] = ()
+    """Its figures in each window (the means above are theirs)."""
     window_ratios: tuple[float | None, ...] = ()
     """In each window alone: its throughput there over F there at its attainment there (the
     ratio a single window would have reported)."""
@@ -167,6 +169,7 @@ def place(
         },
         safe_frontier_tok_s=None if best_safe is None else best_safe.output_throughput,
         lender_safe=static is not None and is_lender_safe(served, static.goodput),
+        per_window=per_window,
         window_ratios=tuple(
             _window_ratio(figures, runs, index) for index, figures in enumerate(per_window)
         ),
@@ -303,6 +306,7 @@ def result_document(result: FrontierResult) -> dict[str, Any]:
                 "safe_frontier_tok_s": p.safe_frontier_tok_s,
                 "safe_ratio": p.safe_ratio,
                 "window_ratios": list(p.window_ratios),
+                "per_window": [_figures_document(f) for f in p.per_window],
             }
             for p in result.policies
         ],

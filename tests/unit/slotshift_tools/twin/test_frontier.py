@@ -414,6 +414,7 @@ def test_a_policy_is_placed_by_its_means_and_each_windows_ratio() -> None:
     safe = lender_safe_runs(runs)
     point = place("static", static.traces, problem, runs, safe)
     assert point.output_tok_s == static.output_throughput
+    assert point.per_window == static.per_window
     assert point.attainment == static.attainment
     assert point.lender_safe
     assert all(v == 1.0 for v in point.goodput_vs_static.values() if v is not None)
