@@ -204,6 +204,19 @@ def _add_simulate_parser(commands: Any) -> None:
         "tenant's SLO attainment >= a (feasible and upper bound), with where each policy lands",
     )
     simulate.add_argument(
+        "--window-offsets",
+        type=int,
+        metavar="K",
+        help="with --frontier: score every schedule and policy on K windows, their starts "
+        "--window-step apart, and take the means (default 8; 1: the bench's one window)",
+    )
+    simulate.add_argument(
+        "--window-step",
+        type=float,
+        metavar="SECONDS",
+        help="with --frontier: seconds between the windows' starts (default 2)",
+    )
+    simulate.add_argument(
         "--replay",
         type=Path,
         nargs="+",
@@ -391,7 +404,11 @@ def _simulate(args: argparse.Namespace) -> int:
         # The oracle knows a scenario's drawn arrivals, not a log's.
         print("slotshift: --frontier and --replay do not go together", file=sys.stderr)
         return 2
+    if not args.frontier and (args.window_offsets is not None or args.window_step is not None):
+        print("slotshift: --window-offsets and --window-step need --frontier", file=sys.stderr)
+        return 2
     if args.frontier:
+        from slotshift_tools.twin.frontier import DEFAULT_WINDOW_OFFSETS, DEFAULT_WINDOW_STEP_S
         from slotshift_tools.twin.frontier_command import run_frontier
 
         return run_frontier(
@@ -401,6 +418,8 @@ def _simulate(args: argparse.Namespace) -> int:
             out_dir=args.out,
             overrides=overrides,
             settings=settings,
+            windows=DEFAULT_WINDOW_OFFSETS if args.window_offsets is None else args.window_offsets,
+            window_step_s=DEFAULT_WINDOW_STEP_S if args.window_step is None else args.window_step,
         )
     return run_simulate(
         args.scenario,

@@ -64,6 +64,20 @@ tenant's, so forcing them in never lowers the LP's optimum; the bound is stated 
 holds for every a. It is loose where the window's edges are: a schedule could start the window
 with every slot (and every paused request) a token short of its end, which term 1 must allow.
 `FrontierBound` reports the two terms apart.
+
+**Averaged over window offsets** (`FrontierProblem.window_offsets_s`). The bench's
+output_throughput counts a request by its end, with all its tokens, so with long answers and
+cohorts of requests that start together (saturating-7b: 512-token answers of about 11 s, every
+closed-loop client sending at t = 0) one window catches a cohort's ends that a window a few
+seconds later misses: a candidate's figure swings by several percent with the window's offset,
+and F, a maximum over some 250 candidates, picks the luckiest. So each candidate (and each
+policy's twin run) is simulated once, to the end of the last window, and scored on K windows of
+the same length whose starts are the warm-up plus each offset: its output throughput, each
+tenant's attainment and each tenant's goodput are the means over the windows
+(`mean_figures`); F(a) is the best mean throughput among the candidates whose lowest mean
+attainment is >= a, and lender safety compares mean goodputs. The bound is the mean of the
+windows' bounds (each bounds its window's throughput under any schedule, so their mean bounds
+the mean). One offset (0) is the single window of the bench, figure for figure.
 """
 
 from __future__ import annotations
@@ -113,6 +127,27 @@ nominal static split's (issue 12's lender goal: the lender's goodput >= 0.99x st
 
 DEFAULT_LEVELS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.97, 0.99, 1.0)
 """The attainments F is reported at by default."""
+
+DEFAULT_WINDOW_OFFSETS = 8
+"""Windows a candidate is scored on by default (see `window_offsets`)."""
+
+DEFAULT_WINDOW_STEP_S = 2.0
+"""Seconds between the default windows' starts. With 8 windows the starts span 14 s (16 s of
+phase in 2 s steps): more than the longest answer of any shipped scenario (saturating-7b's, up
+to 576 tokens, 11-13 s in a full batch), whose cohorts' ends are what one window catches or
+misses, at 20% more simulated time on a 70 s run. On saturating-7b the mean still moves by
+about 1% when every window starts 1 s later (docs/results/frontier.md)."""
+
+
+def window_offsets(count: int, step_s: float = DEFAULT_WINDOW_STEP_S) -> tuple[float, ...]:
+    """`count` window offsets from the warm-up's end, `step_s` apart, the first 0 (one offset:
+    the bench's single window); ValueError for a count below 1 or a step not positive."""
+    if count < 1:
+        raise ValueError(f"the number of windows must be at least 1, not {count}")
+    if count > 1 and not step_s > 0:
+        raise ValueError(f"the windows' step must be positive, not {step_s:g} s")
+    return tuple(k * step_s for k in range(count))
+
 
 _PORTS = StackPorts(
     engine=1, controlplane=2, controlplane_metrics=3, agent_metrics=4, gateways=(10,)
@@ -197,6 +232,64 @@ def output_throughput(traces: Iterable[RequestTrace], window: Window) -> float:
     return value
 
 
+@dataclass(frozen=True)
+class WindowFigures:
+    """What a run is scored on, in one window or as the mean over several."""
+
+    output_throughput: float
+    """Output tokens per second (`output_throughput`)."""
+    attainment: dict[str, float | None]
+    """Each tenant's SLO attainment (`attainment`); None for a tenant with no request that
+    counts."""
+    goodput: dict[str, float]
+    """Each tenant's SLO goodput in requests per second (`goodput`)."""
+
+    @property
+    def min_attainment(self) -> float:
+        return min_attainment(self.attainment)
+
+
+def window_figures(
+    traces: Sequence[RequestTrace], window: Window, slos: Mapping[str, SloLike]
+) -> WindowFigures:
+    """A run's figures in one window."""
+    return WindowFigures(
+        output_throughput=output_throughput(traces, window),
+        attainment=attainment(traces, window, slos),
+        goodput=goodput(traces, window, slos),
+    )
+
+
+def mean_figures(per_window: Sequence[WindowFigures]) -> WindowFigures:
+    """The figures' means over the windows: throughput, each tenant's goodput, and each
+    tenant's attainment over the windows where it had requests (None where it had none in
+    any). One window's figures are returned as they are."""
+    if not per_window:
+        raise ValueError("no window to average over")
+    if len(per_window) == 1:
+        return per_window[0]
+    count = len(per_window)
+    tenants = per_window[0].attainment.keys()
+    attained: dict[str, float | None] = {}
+    for name in tenants:
+        values = [f.attainment[name] for f in per_window if f.attainment[name] is not None]
+        attained[name] = sum(v for v in values if v is not None) / len(values) if values else None
+    return WindowFigures(
+        output_throughput=sum(f.output_throughput for f in per_window) / count,
+        attainment=attained,
+        goodput={
+            name: sum(f.goodput[name] for f in per_window) / count for name in per_window[0].goodput
+        },
+    )
+
+
+def figures_by_window(
+    traces: Sequence[RequestTrace], windows: Sequence[Window], slos: Mapping[str, SloLike]
+) -> tuple[WindowFigures, ...]:
+    """A run's figures in each of the windows, in order."""
+    return tuple(window_figures(traces, window, slos) for window in windows)
+
+
 # --- the problem -------------------------------------------------------------------------
 
 
@@ -210,15 +303,32 @@ class FrontierProblem:
     engine_config: EngineSimConfig
     warmup_s: float
     steady_s: float
+    window_offsets_s: tuple[float, ...] = (0.0,)
+    """Where the scored windows start, in seconds after the warm-up, in increasing order (see
+    the module); (0.0,) is the bench's one window."""
+
+    def __post_init__(self) -> None:
+        offsets = self.window_offsets_s
+        if not offsets or offsets[0] < 0 or any(b <= a for a, b in itertools.pairwise(offsets)):
+            raise ValueError(f"window offsets must increase from >= 0, not {offsets}")
+
+    @property
+    def windows(self) -> tuple[Window, ...]:
+        """The scored windows, each `steady_s` long."""
+        return tuple(
+            Window(self.warmup_s + offset, self.warmup_s + offset + self.steady_s)
+            for offset in self.window_offsets_s
+        )
 
     @property
     def window(self) -> Window:
-        return Window(self.warmup_s, self.warmup_s + self.steady_s)
+        """The first window (the bench's)."""
+        return self.windows[0]
 
     @property
     def horizon_s(self) -> float:
-        """When the load stops sending and the run ends (the window's end)."""
-        return self.warmup_s + self.steady_s
+        """When the load stops sending and the run ends (the last window's end)."""
+        return self.windows[-1].end_s
 
     @property
     def slos(self) -> dict[str, SloLike]:
@@ -231,9 +341,11 @@ def frontier_problem(
     warmup_s: float | None = None,
     steady_s: float | None = None,
     overrides: Mapping[str, Any] | None = None,
+    window_offsets_s: Sequence[float] = (0.0,),
 ) -> FrontierProblem:
     """The problem for `scenario` with the stack's config as `slotshift bench` builds it (the
-    scenario's overrides, then `overrides`); ConfigError for a bad override."""
+    scenario's overrides, then `overrides`), scored on the windows at `window_offsets_s`
+    (`window_offsets`); ConfigError for a bad override."""
     run = PolicyRun(name="frontier", policy="static")
     config = parse_config(stack_config_data(scenario, run, _PORTS), source="<frontier>")
     merged = merged_overrides(scenario, run, dict(overrides or {}))
@@ -245,6 +357,7 @@ def frontier_problem(
         engine_config=config.engine_sim,
         warmup_s=scenario.warmup_s if warmup_s is None else warmup_s,
         steady_s=scenario.steady_s if steady_s is None else steady_s,
+        window_offsets_s=tuple(window_offsets_s),
     )
 
 
@@ -443,15 +556,15 @@ class _Request:
 
 @dataclass
 class OracleRun:
-    """One schedule simulated: the request records and what the budget saw."""
+    """One schedule simulated: the request records, its figures and what the budget saw."""
 
     schedule: Schedule
     traces: list[RequestTrace]
-    window: Window
-    output_throughput: float
-    attainment: dict[str, float | None]
-    goodput: dict[str, float]
-    """Each tenant's SLO goodput (`goodput`)."""
+    windows: tuple[Window, ...]
+    per_window: tuple[WindowFigures, ...]
+    """Its figures in each window, in order."""
+    mean: WindowFigures
+    """Their means (`mean_figures`): what the frontier compares."""
     max_in_engine: int
     """Most requests the engine held at once: never above the budget."""
     max_limits_sum: int
@@ -463,8 +576,27 @@ class OracleRun:
     cpu_s: float
 
     @property
+    def output_throughput(self) -> float:
+        """Mean output throughput over the windows."""
+        return self.mean.output_throughput
+
+    @property
+    def attainment(self) -> dict[str, float | None]:
+        """Each tenant's mean attainment over the windows."""
+        return self.mean.attainment
+
+    @property
+    def goodput(self) -> dict[str, float]:
+        """Each tenant's mean SLO goodput over the windows."""
+        return self.mean.goodput
+
+    @property
     def min_attainment(self) -> float:
-        return min_attainment(self.attainment)
+        return self.mean.min_attainment
+
+    def figures(self, window_index: int | None = None) -> WindowFigures:
+        """Its figures in one window, or their means (None)."""
+        return self.mean if window_index is None else self.per_window[window_index]
 
 
 @dataclass
@@ -476,21 +608,21 @@ class _TenantState:
 
 
 def simulate_schedule(problem: FrontierProblem, schedule: Schedule) -> OracleRun:
-    """Run `schedule` against the scenario's load in the engine (see the module); deterministic.
-    Times are seconds from the load's start; the run ends at the horizon, where requests still
-    unanswered are cancelled (as the twin's load is)."""
+    """Run `schedule` against the scenario's load in the engine (see the module) and score it
+    on the problem's windows; deterministic. Times are seconds from the load's start; the run
+    ends at the horizon (the last window's end), where requests still unanswered are cancelled
+    (as the twin's load is)."""
     started_cpu = time.process_time()
     sim = _Oracle(problem, schedule)
     sim.run()
-    window = problem.window
-    per_tenant = attainment(sim.traces, window, problem.slos)
+    windows = problem.windows
+    per_window = figures_by_window(sim.traces, windows, problem.slos)
     return OracleRun(
         schedule=schedule,
         traces=sim.traces,
-        window=window,
-        output_throughput=output_throughput(sim.traces, window),
-        attainment=per_tenant,
-        goodput=goodput(sim.traces, window, problem.slos),
+        windows=windows,
+        per_window=per_window,
+        mean=mean_figures(per_window),
         max_in_engine=sim.max_in_engine,
         max_limits_sum=sim.max_limits_sum,
         share_shortfall_slots=sim.share_shortfall_slots,
@@ -796,13 +928,25 @@ class FrontierBound:
 
 
 def throughput_bound(problem: FrontierProblem, *, pausing: bool) -> FrontierBound:
-    """The bound of the module's docstring, for schedules without (False) or with (True)
-    pausing. Valid for every attainment level."""
+    """The bound of the module's docstring on the mean throughput over the problem's windows
+    (the mean of each window's bound, `window_bound`), for schedules without (False) or with
+    (True) pausing. Valid for every attainment level."""
+    bounds = [window_bound(problem, window, pausing=pausing) for window in problem.windows]
+    if len(bounds) == 1:
+        return bounds[0]
+    return FrontierBound(
+        carry_in_tok_s=sum(b.carry_in_tok_s for b in bounds) / len(bounds),
+        inside_tok_s=sum(b.inside_tok_s for b in bounds) / len(bounds),
+    )
+
+
+def window_bound(problem: FrontierProblem, window: Window, *, pausing: bool) -> FrontierBound:
+    """The bound of the module's docstring on the throughput in `window` (one of the
+    problem's), without (False) or with (True) pausing."""
     scenario = problem.scenario
     profile = effective_profile(problem.engine_config)
     costs = profile.step
     budget = problem.pool.budget_slots
-    window = problem.window
     s, e = window.start_s, window.end_s
     tenants = scenario.tenants
 
@@ -1013,6 +1157,9 @@ class FrontierPoint:
     """The best simulated candidate with min attainment >= level; None if none reaches it."""
     schedule: str | None
     bound_tok_s: float
+    by_window_tok_s: tuple[float | None, ...] = ()
+    """F at this level in each window alone (the best candidate there, its throughput there):
+    how much of F one window's luck moves."""
 
     @property
     def gap(self) -> float | None:
@@ -1031,7 +1178,7 @@ def nominal_static_run(runs: Sequence[OracleRun]) -> OracleRun | None:
 def lender_safe_runs(runs: Sequence[OracleRun]) -> list[OracleRun]:
     """The candidates that keep the slo policy's promises: they guard the nominal shares
     (`Schedule.guards_shares`) and are lender-safe (`is_lender_safe` against the nominal
-    static split)."""
+    static split, on each tenant's mean goodput over the windows)."""
     static = nominal_static_run(runs)
     if static is None:
         return []
@@ -1043,27 +1190,35 @@ def lender_safe_runs(runs: Sequence[OracleRun]) -> list[OracleRun]:
 def frontier_points(
     runs: Sequence[OracleRun], bound_tok_s: float, levels: Sequence[float]
 ) -> list[FrontierPoint]:
-    """F(a) at each level from the simulated candidates (non-increasing in a by construction:
-    a higher level only removes candidates)."""
+    """F(a) at each level from the simulated candidates' mean figures (non-increasing in a by
+    construction: a higher level only removes candidates), with F in each window alone."""
     points = []
+    window_count = len(runs[0].per_window) if runs else 0
     for level in levels:
-        eligible = [r for r in runs if r.min_attainment >= level]
-        best = max(eligible, key=lambda r: r.output_throughput, default=None)
+        best = feasible_at(runs, level)
+        by_window = []
+        for index in range(window_count):
+            there = feasible_at(runs, level, window_index=index)
+            by_window.append(None if there is None else there.per_window[index].output_throughput)
         points.append(
             FrontierPoint(
                 level=level,
                 feasible_tok_s=None if best is None else best.output_throughput,
                 schedule=None if best is None else best.schedule.name,
                 bound_tok_s=bound_tok_s,
+                by_window_tok_s=tuple(by_window),
             )
         )
     return points
 
 
-def feasible_at(runs: Sequence[OracleRun], level: float) -> OracleRun | None:
-    """The best candidate whose min attainment is >= level."""
-    eligible = [r for r in runs if r.min_attainment >= level]
-    return max(eligible, key=lambda r: r.output_throughput, default=None)
+def feasible_at(
+    runs: Sequence[OracleRun], level: float, *, window_index: int | None = None
+) -> OracleRun | None:
+    """The best candidate whose min attainment is >= level, by the mean figures, or by those
+    of the one window `window_index`."""
+    eligible = [r for r in runs if r.figures(window_index).min_attainment >= level]
+    return max(eligible, key=lambda r: r.figures(window_index).output_throughput, default=None)
 
 
 def search(

@@ -2,7 +2,9 @@
 schedule and the upper bound, slotshift_tools/twin/frontier.py), with where each of the
 scenario's policies lands in the twin (its output throughput and its minimum per-tenant SLO
 attainment, from the same request records by the same functions), printed as a table and
-written as frontier.json and frontier.png in the output folder."""
+written as frontier.json and frontier.png in the output folder. Every figure is the mean over
+`--window-offsets` windows (frontier.py's docstring says why); `--window-offsets 1` is the
+bench's single window."""
 
 from __future__ import annotations
 
@@ -25,23 +27,26 @@ from slotshift_tools.bench.trace import RequestTrace
 from slotshift_tools.twin.command import simulate_scenario
 from slotshift_tools.twin.frontier import (
     DEFAULT_LEVELS,
+    DEFAULT_WINDOW_OFFSETS,
+    DEFAULT_WINDOW_STEP_S,
     LENDER_SAFE_RATIO,
     FrontierPoint,
     FrontierProblem,
     OracleRun,
-    attainment,
+    WindowFigures,
     candidate_schedules,
     feasible_at,
+    figures_by_window,
     frontier_points,
     frontier_problem,
-    goodput,
     is_lender_safe,
     lender_safe_runs,
+    mean_figures,
     min_attainment,
     nominal_static_run,
-    output_throughput,
     search,
     throughput_bound,
+    window_offsets,
 )
 from slotshift_tools.twin.settings import TwinSettings
 
@@ -65,6 +70,11 @@ class PolicyPoint:
     lender_safe: bool
     """Whether the run is lender-safe against the nominal static split (`is_lender_safe`);
     False when the split was not simulated."""
+    per_window: tuple[WindowFigures, ...] = ()
+    """Its figures in each window (the means above are theirs)."""
+    window_ratios: tuple[float | None, ...] = ()
+    """In each window alone: its throughput there over F there at its attainment there (the
+    ratio a single window would have reported)."""
 
     @property
     def min_attainment(self) -> float:
@@ -90,6 +100,8 @@ class FrontierResult:
     """Everything `--frontier` reports for one scenario."""
 
     scenario: str
+    windows: tuple[Window, ...]
+    """The windows every figure is the mean over."""
     points: list[FrontierPoint]
     safe_points: list[FrontierPoint]
     """F_safe(a): the frontier of the lender-safe candidates."""
@@ -109,40 +121,42 @@ def simulate_policies(
     *,
     overrides: dict[str, Any] | None = None,
     settings: TwinSettings | None = None,
-) -> dict[str, tuple[list[RequestTrace], Window]]:
-    """Each of the scenario's runs in the twin (with the command line's `overrides`) over the
-    problem's window: its request records and window."""
+) -> dict[str, list[RequestTrace]]:
+    """Each of the scenario's runs in the twin (with the command line's `overrides`), once, to
+    the end of the problem's last window: its request records."""
+    last = problem.windows[-1]
     simulated = simulate_scenario(
         scenario,
-        steady_s=problem.steady_s,
-        warmup_s=problem.warmup_s,
+        steady_s=last.length_s,
+        warmup_s=last.start_s,
         overrides=overrides,
         settings=settings,
     )
-    return {name: (run.result.traces, run.result.window) for name, run in simulated.items()}
+    return {name: run.result.traces for name, run in simulated.items()}
 
 
 def place(
     name: str,
     traces: list[RequestTrace],
-    window: Window,
     problem: FrontierProblem,
     runs: Sequence[OracleRun],
     safe_runs: Sequence[OracleRun],
 ) -> PolicyPoint:
     """Where a run lands: its output throughput, attainment and goodput by the oracle's own
-    functions, and F (among `runs`) and F_safe (among `safe_runs`, `lender_safe_runs(runs)`) at
-    its own minimum attainment."""
-    per_tenant = attainment(traces, window, problem.slos)
-    level = min_attainment(per_tenant)
+    functions, as means over the problem's windows, and F (among `runs`) and F_safe (among
+    `safe_runs`, `lender_safe_runs(runs)`) at its own minimum attainment; and in each window
+    alone, its ratio to F there."""
+    per_window = figures_by_window(traces, problem.windows, problem.slos)
+    mean = mean_figures(per_window)
+    level = mean.min_attainment
     best = feasible_at(runs, level)
     best_safe = feasible_at(safe_runs, level)
     static = nominal_static_run(runs)
-    served = goodput(traces, window, problem.slos)
+    served = mean.goodput
     return PolicyPoint(
         name=name,
-        output_tok_s=output_throughput(traces, window),
-        attainment=per_tenant,
+        output_tok_s=mean.output_throughput,
+        attainment=mean.attainment,
         frontier_tok_s=None if best is None else best.output_throughput,
         goodput=served,
         goodput_vs_static={
@@ -155,7 +169,18 @@ def place(
         },
         safe_frontier_tok_s=None if best_safe is None else best_safe.output_throughput,
         lender_safe=static is not None and is_lender_safe(served, static.goodput),
+        per_window=per_window,
+        window_ratios=tuple(
+            _window_ratio(figures, runs, index) for index, figures in enumerate(per_window)
+        ),
     )
+
+
+def _window_ratio(figures: WindowFigures, runs: Sequence[OracleRun], index: int) -> float | None:
+    best = feasible_at(runs, figures.min_attainment, window_index=index)
+    if best is None or best.per_window[index].output_throughput == 0:
+        return None
+    return figures.output_throughput / best.per_window[index].output_throughput
 
 
 def compute_frontier(
@@ -201,12 +226,10 @@ def compute_frontier(
     points = frontier_points(runs, bound, levels)
     safe_runs = lender_safe_runs(runs)
     safe_points = frontier_points(safe_runs, bound, levels)
-    policies = [
-        place(name, traces, window, problem, runs, safe_runs)
-        for name, (traces, window) in simulated.items()
-    ]
+    policies = [place(name, traces, problem, runs, safe_runs) for name, traces in simulated.items()]
     return FrontierResult(
         scenario=scenario.name,
+        windows=problem.windows,
         points=points,
         safe_points=safe_points,
         runs=runs,
@@ -223,6 +246,7 @@ def result_document(result: FrontierResult) -> dict[str, Any]:
     """frontier.json's content."""
     return {
         "scenario": result.scenario,
+        "windows": [[w.start_s, w.end_s] for w in result.windows],
         "cpu_s": result.cpu_s,
         "candidates_skipped": result.skipped,
         "bound": {
@@ -238,12 +262,18 @@ def result_document(result: FrontierResult) -> dict[str, Any]:
                 "schedule": p.schedule,
                 "bound_tok_s": p.bound_tok_s,
                 "gap": p.gap,
+                "by_window_tok_s": list(p.by_window_tok_s),
             }
             for p in result.points
         ],
         "lender_safe_ratio": LENDER_SAFE_RATIO,
         "safe_frontier": [
-            {"level": p.level, "feasible_tok_s": p.feasible_tok_s, "schedule": p.schedule}
+            {
+                "level": p.level,
+                "feasible_tok_s": p.feasible_tok_s,
+                "schedule": p.schedule,
+                "by_window_tok_s": list(p.by_window_tok_s),
+            }
             for p in result.safe_points
         ],
         "candidates": [
@@ -258,6 +288,7 @@ def result_document(result: FrontierResult) -> dict[str, Any]:
                 "share_shortfall_slots": run.share_shortfall_slots,
                 "pauses": run.pauses,
                 "cpu_s": run.cpu_s,
+                "per_window": [_figures_document(f) for f in run.per_window],
             }
             for run in result.runs
         ],
@@ -274,35 +305,71 @@ def result_document(result: FrontierResult) -> dict[str, Any]:
                 "lender_safe": p.lender_safe,
                 "safe_frontier_tok_s": p.safe_frontier_tok_s,
                 "safe_ratio": p.safe_ratio,
+                "window_ratios": list(p.window_ratios),
+                "per_window": [_figures_document(f) for f in p.per_window],
             }
             for p in result.policies
         ],
     }
 
 
+def _figures_document(figures: WindowFigures) -> dict[str, Any]:
+    return {
+        "output_tok_s": figures.output_throughput,
+        "attainment": figures.attainment,
+        "min_attainment": figures.min_attainment,
+        "goodput": figures.goodput,
+    }
+
+
+def _windows_phrase(windows: Sequence[Window]) -> str:
+    first = windows[0]
+    if len(windows) == 1:
+        return f"the window [{first.start_s:g}, {first.end_s:g}] s"
+    offsets = ", ".join(f"{w.start_s - first.start_s:g}" for w in windows)
+    return (
+        f"means over {len(windows)} windows of {first.length_s:g} s starting "
+        f"{offsets} s after {first.start_s:g} s"
+    )
+
+
+def _range(values: Sequence[float | None], fmt: str) -> str:
+    present = [v for v in values if v is not None]
+    if not present:
+        return "-"
+    low, high = min(present), max(present)
+    return format(low, fmt) if low == high else f"{format(low, fmt)}-{format(high, fmt)}"
+
+
 def markdown(result: FrontierResult) -> str:
     """The tables the command prints."""
+    several = len(result.windows) > 1
     lines = [
-        f"F(a) on {result.scenario} (output tok/s; bound {result.points[0].bound_tok_s:,.0f} = "
-        f"{result.bound_inside_tok_s:,.0f} inside the window + {result.bound_carry_in_tok_s:,.0f} "
-        "carry-in); F_safe(a) among the lender-safe schedules (every tenant's SLO goodput >= "
+        f"F(a) on {result.scenario} (output tok/s, {_windows_phrase(result.windows)}; bound "
+        f"{result.points[0].bound_tok_s:,.0f} = {result.bound_inside_tok_s:,.0f} inside the "
+        f"window + {result.bound_carry_in_tok_s:,.0f} carry-in); F_safe(a) among the "
+        "lender-safe schedules (every tenant's SLO goodput >= "
         f"{LENDER_SAFE_RATIO:g}x the nominal static split's)",
         "",
-        "| a | F(a) feasible | schedule | bound | gap | F_safe(a) | schedule |",
-        "| ---: | ---: | --- | ---: | ---: | ---: | --- |",
+        "| a | F(a) feasible | schedule | bound | gap | F_safe(a) | schedule |"
+        + (" F(a) in one window |" if several else ""),
+        "| ---: | ---: | --- | ---: | ---: | ---: | --- |" + (" ---: |" if several else ""),
     ]
     for p, safe in zip(result.points, result.safe_points, strict=True):
         gap = "-" if p.gap is None else f"{100 * p.gap:.1f}%"
         lines.append(
             f"| {p.level:.2f} | {_tok_s(p.feasible_tok_s)} | {p.schedule or '-'} "
             f"| {p.bound_tok_s:,.0f} | {gap} | {_tok_s(safe.feasible_tok_s)} | {safe.schedule or '-'} |"
+            + (f" {_range(p.by_window_tok_s, ',.0f')} |" if several else "")
         )
     if result.policies:
         lines += [
             "",
             "| run | output tok/s | min attainment | per tenant | F(own a) | ratio "
-            "| goodput vs static | F_safe(own a) | ratio to F_safe |",
-            "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |",
+            "| goodput vs static | F_safe(own a) | ratio to F_safe |"
+            + (" ratio in one window |" if several else ""),
+            "| --- | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |"
+            + (" ---: |" if several else ""),
         ]
         for q in result.policies:
             tenants = ", ".join(
@@ -321,6 +388,7 @@ def markdown(result: FrontierResult) -> str:
                 f"| {q.name}{note} | {q.output_tok_s:,.0f} | {q.min_attainment:.3f} | {tenants} "
                 f"| {_tok_s(q.frontier_tok_s)} | {_ratio(q.ratio)} | {served} "
                 f"| {_tok_s(q.safe_frontier_tok_s)} | {_ratio(q.safe_ratio)} |"
+                + (f" {_range(q.window_ratios, '.3f')} |" if several else "")
             )
     if result.skipped:
         lines.append(f"\n{result.skipped} candidates left out: the CPU budget ran out")
@@ -387,7 +455,8 @@ def plot(result: FrontierResult, path: Path) -> None:
         )
     axes.set_xlabel("minimum per-tenant SLO attainment a")
     axes.set_ylabel("total output throughput (tok/s)")
-    axes.set_title(f"{result.scenario}: the frontier F(a)")
+    several = f", means over {len(result.windows)} windows" if len(result.windows) > 1 else ""
+    axes.set_title(f"{result.scenario}: the frontier F(a){several}")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, loc="lower left")
     figure.tight_layout()
@@ -403,9 +472,12 @@ def run_frontier(
     overrides: dict[str, Any] | None = None,
     cpu_budget_s: float = 600.0,
     settings: TwinSettings | None = None,
+    windows: int = DEFAULT_WINDOW_OFFSETS,
+    window_step_s: float = DEFAULT_WINDOW_STEP_S,
     out: TextIO = sys.stdout,
 ) -> int:
-    """The `--frontier` command; its exit status (0 done, 2 a bad scenario or config)."""
+    """The `--frontier` command, every figure the mean over `windows` windows `window_step_s`
+    apart (`window_offsets`); its exit status (0 done, 2 a bad scenario, config or window)."""
     try:
         scenario = load_scenario(scenario_path)
     except ScenarioError as exc:
@@ -421,16 +493,24 @@ def run_frontier(
     warmup = warmup_s if warmup_s is not None else scaled_warmup_s(scenario, steady_s)
     try:
         problem = frontier_problem(
-            scenario, warmup_s=warmup, steady_s=steady_s, overrides=overrides
+            scenario,
+            warmup_s=warmup,
+            steady_s=steady_s,
+            overrides=overrides,
+            window_offsets_s=window_offsets(windows, window_step_s),
         )
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:
         print(f"slotshift simulate: {exc}", file=sys.stderr)
         return 2
     started = datetime.datetime.now(datetime.UTC)
     folder = (
         out_dir if out_dir is not None else default_out_dir(f"{scenario.name}-frontier", started)
     )
-    print(f"frontier of {scenario.name}: simulating candidate schedules", file=out)
+    print(
+        f"frontier of {scenario.name}: simulating candidate schedules, "
+        f"{_windows_phrase(problem.windows)}",
+        file=out,
+    )
     result = compute_frontier(
         scenario,
         problem,

@@ -17,6 +17,7 @@ from slotshift_tools.twin.frontier import (
     NOMINAL_STATIC,
     OracleRun,
     Schedule,
+    WindowFigures,
     attainment,
     candidate_schedules,
     feasible_at,
@@ -26,11 +27,16 @@ from slotshift_tools.twin.frontier import (
     is_lender_safe,
     lender_safe_runs,
     lp_dual_bound,
+    mean_figures,
     nominal_static_run,
     output_throughput,
     simulate_schedule,
     throughput_bound,
+    window_bound,
+    window_figures,
+    window_offsets,
 )
+from slotshift_tools.twin.frontier_command import place
 
 _OPEN_LOOP_LENDER = {
     "arrival": {"kind": "on_off", "on_s": 1.0, "off_s": 1.0, "rate_per_s": 20.0},
@@ -81,10 +87,17 @@ def _tiny(gateways: int = 1, lender: dict[str, Any] = _OPEN_LOOP_LENDER) -> Scen
     )
 
 
+_OFFSETS_S = (0.0, 0.7, 1.5)
+"""Three windows on the tiny scenario, apart by less than a request of B lasts (about 1-2 s),
+so that one window catches ends that another misses."""
+
+
 @cache
-def _candidates(scenario: str = "tiny") -> tuple[OracleRun, ...]:
+def _candidates(
+    scenario: str = "tiny", offsets_s: tuple[float, ...] = (0.0,)
+) -> tuple[OracleRun, ...]:
     lender = _OPEN_LOOP_LENDER if scenario == "tiny" else _CLOSED_LOOP_LENDER
-    problem = frontier_problem(_tiny(lender=lender))
+    problem = frontier_problem(_tiny(lender=lender), window_offsets_s=offsets_s)
     return tuple(simulate_schedule(problem, s) for s in candidate_schedules(problem, quick=True))
 
 
@@ -112,11 +125,12 @@ def test_the_split_matters_on_the_tiny_scenario() -> None:
     assert len({round(r.min_attainment, 3) for r in runs}) > 2
 
 
-def test_the_bound_is_never_below_a_candidate() -> None:
-    problem = frontier_problem(_tiny())
+@pytest.mark.parametrize("offsets_s", [(0.0,), _OFFSETS_S])
+def test_the_bound_is_never_below_a_candidate(offsets_s: tuple[float, ...]) -> None:
+    problem = frontier_problem(_tiny(), window_offsets_s=offsets_s)
     without = throughput_bound(problem, pausing=False).total_tok_s
     with_pausing = throughput_bound(problem, pausing=True).total_tok_s
-    for run in _candidates():
+    for run in _candidates("tiny", offsets_s):
         bound = with_pausing if run.schedule.pausing else without
         assert run.output_throughput <= bound, run.schedule.name
 
@@ -266,3 +280,151 @@ def test_the_bound_is_found_on_every_shipped_single_pool_scenario() -> None:
             assert throughput_bound(problem, pausing=pausing).total_tok_s > 0
         checked += 1
     assert checked >= 7
+
+
+# --- window averaging ------------------------------------------------------------------------
+
+
+def test_window_offsets_are_evenly_spaced_from_the_warmups_end() -> None:
+    assert window_offsets(1) == (0.0,)
+    assert window_offsets(4, 2.5) == (0.0, 2.5, 5.0, 7.5)
+    with pytest.raises(ValueError, match="at least 1"):
+        window_offsets(0)
+    with pytest.raises(ValueError, match="positive"):
+        window_offsets(3, 0.0)
+    with pytest.raises(ValueError, match="increase"):
+        frontier_problem(_tiny(), window_offsets_s=(0.0, 2.0, 1.0))
+    problem = frontier_problem(_tiny(), window_offsets_s=(0.0, 2.0))
+    assert problem.windows == (Window(1.0, 6.0), Window(3.0, 8.0))
+    assert problem.horizon_s == 8.0
+
+
+def test_a_candidates_figures_are_the_means_over_its_windows() -> None:
+    problem = frontier_problem(_tiny(), window_offsets_s=_OFFSETS_S)
+    run = simulate_schedule(problem, Schedule("forecast-pause", True, None, 0, 0.0))
+    assert run.traces[-1].start_s > problem.windows[-1].start_s  # simulated to the last end
+    per_window = [window_figures(run.traces, w, problem.slos) for w in problem.windows]
+    assert list(run.per_window) == per_window
+    outputs = [f.output_throughput for f in per_window]
+    assert len(set(outputs)) == len(outputs), "the windows must differ for the test to mean much"
+    assert run.output_throughput == pytest.approx(sum(outputs) / 3)
+    for tenant in ("A", "B"):
+        values = [f.attainment[tenant] for f in per_window]
+        assert all(v is not None for v in values)
+        assert run.attainment[tenant] == pytest.approx(sum(v or 0.0 for v in values) / 3)
+        assert run.goodput[tenant] == pytest.approx(sum(f.goodput[tenant] for f in per_window) / 3)
+    assert run.min_attainment == min(v for v in run.attainment.values() if v is not None)
+
+
+def test_mean_figures_average_attainment_over_the_windows_where_a_tenant_had_requests() -> None:
+    first = WindowFigures(100.0, {"A": 1.0, "B": None, "C": None}, {"A": 2.0, "B": 0.0, "C": 0.0})
+    second = WindowFigures(300.0, {"A": 0.5, "B": 0.8, "C": None}, {"A": 1.0, "B": 3.0, "C": 0.0})
+    mean = mean_figures([first, second])
+    assert mean == WindowFigures(
+        200.0, {"A": 0.75, "B": 0.8, "C": None}, {"A": 1.5, "B": 1.5, "C": 0.0}
+    )
+    assert mean.min_attainment == 0.75
+    assert mean_figures([first]) is first
+    with pytest.raises(ValueError, match="no window"):
+        mean_figures([])
+
+
+def test_one_window_is_the_bench_window_figure_for_figure() -> None:
+    """--window-offsets 1: the run ends at the window's end, and every figure is the bench's
+    one-window function of it (what the frontier computed before the averaging)."""
+    problem = frontier_problem(_tiny(), window_offsets_s=window_offsets(1))
+    window = Window(1.0, 6.0)
+    assert problem.windows == (window,) and problem.horizon_s == 6.0
+    runs = _candidates()
+    for run in runs:
+        assert run.windows == (window,)
+        assert run.output_throughput == output_throughput(run.traces, window)
+        assert run.attainment == attainment(run.traces, window, problem.slos)
+        assert run.goodput == goodput(run.traces, window, problem.slos)
+    for pausing in (False, True):
+        assert throughput_bound(problem, pausing=pausing) == window_bound(
+            problem, window, pausing=pausing
+        )
+    for point in frontier_points(list(runs), 1e9, [0.5, 0.9, 1.0]):
+        eligible = [
+            output_throughput(r.traces, window)
+            for r in runs
+            if min(v for v in attainment(r.traces, window, problem.slos).values() if v is not None)
+            >= point.level
+        ]
+        assert point.feasible_tok_s == max(eligible)
+        assert point.by_window_tok_s == (point.feasible_tok_s,)
+
+
+def test_the_mean_bound_is_the_mean_of_the_windows_bounds() -> None:
+    problem = frontier_problem(_tiny(), window_offsets_s=_OFFSETS_S)
+    bounds = [window_bound(problem, w, pausing=True) for w in problem.windows]
+    mean = throughput_bound(problem, pausing=True)
+    assert mean.carry_in_tok_s == pytest.approx(sum(b.carry_in_tok_s for b in bounds) / 3)
+    assert mean.inside_tok_s == pytest.approx(sum(b.inside_tok_s for b in bounds) / 3)
+
+
+def _scored(name: str, output: float, goodput_a: list[float], guards: bool = True) -> OracleRun:
+    per_window = tuple(
+        WindowFigures(output, {"A": 1.0, "B": 1.0}, {"A": value, "B": 5.0}) for value in goodput_a
+    )
+    return OracleRun(
+        schedule=Schedule(
+            name,
+            False,
+            static_limits=(6, 6) if name == NOMINAL_STATIC else None,
+            guards_shares=guards,
+        ),
+        traces=[],
+        windows=tuple(Window(float(k), k + 5.0) for k in range(len(goodput_a))),
+        per_window=per_window,
+        mean=mean_figures(per_window),
+        max_in_engine=12,
+        max_limits_sum=12,
+        share_shortfall_slots=0,
+        pauses=0,
+        cpu_s=0.0,
+    )
+
+
+def test_f_safe_judges_lender_safety_on_the_mean_goodput() -> None:
+    """Each tenant's goodput over the windows' mean against the static split's mean: a window
+    where a candidate happens to serve the lender less does not rule it out, nor does one where
+    it happens to serve it more rule it in."""
+    static = _scored(NOMINAL_STATIC, 1000.0, [10.0, 10.0])
+    even = _scored("even", 1100.0, [9.0, 11.0])  # mean 10.0: safe; its first window 0.90x
+    lucky = _scored("lucky", 1200.0, [10.5, 9.0])  # mean 9.75 (0.975x): unsafe; first 1.05x
+    unguarded = _scored("unguarded", 1300.0, [10.0, 10.0], guards=False)
+    runs = [static, even, lucky, unguarded]
+    assert lender_safe_runs(runs) == [static, even]
+    best_safe = feasible_at(lender_safe_runs(runs), 1.0)
+    assert best_safe is even
+    best = feasible_at(runs, 1.0)
+    assert best is unguarded
+
+
+def test_a_policy_is_placed_by_its_means_and_each_windows_ratio() -> None:
+    """The nominal static split's own records placed as a policy: its means are the
+    candidate's, it is lender-safe, and in each window its ratio is its throughput there over
+    the best candidate's there."""
+    problem = frontier_problem(_tiny(), window_offsets_s=_OFFSETS_S)
+    runs = list(_candidates("tiny", _OFFSETS_S))
+    static = nominal_static_run(runs)
+    assert static is not None
+    safe = lender_safe_runs(runs)
+    point = place("static", static.traces, problem, runs, safe)
+    assert point.output_tok_s == static.output_throughput
+    assert point.per_window == static.per_window
+    assert point.attainment == static.attainment
+    assert point.lender_safe
+    assert all(v == 1.0 for v in point.goodput_vs_static.values() if v is not None)
+    best = feasible_at(runs, static.min_attainment)
+    assert best is not None and point.frontier_tok_s == best.output_throughput
+    for index, ratio in enumerate(point.window_ratios):
+        there = feasible_at(runs, static.per_window[index].min_attainment, window_index=index)
+        assert there is not None
+        expected = (
+            static.per_window[index].output_throughput / there.per_window[index].output_throughput
+        )
+        assert ratio == pytest.approx(expected)
+    assert len(point.window_ratios) == 3
