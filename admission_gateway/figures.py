@@ -122,7 +122,6 @@ class RequestObservation:
         self._queue_wait_s: float | None = None
         self._ttft_s: float | None = None
         self._detector = FirstTokenDetector()
-        self._before_first_token = True
         self._reads_before_first_token = 0
         self._scanner: UsageScanner | None = None
         """Reads a streamed answer's events on their way, when tokens are counted or logged."""
@@ -201,10 +200,9 @@ class RequestObservation:
         scanner = self._scanner
         if scanner is not None:
             chunk = scanner.feed(chunk) if chunk else scanner.flush()
-        if self._before_first_token and chunk:
+        if chunk and not self._detector.found:
             self._answered = True
             if self._detector.feed(chunk):
-                self._before_first_token = False
                 self.first_token()
             else:
                 self._reads_before_first_token += 1

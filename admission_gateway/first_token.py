@@ -47,7 +47,7 @@ class FirstTokenDetector:
         return False
 
 
-def _event(data: bytes) -> dict[str, Any] | None:
+def event_object(data: bytes) -> dict[str, Any] | None:
     """An SSE data payload as a JSON object; None for [DONE] and anything not an object."""
     if not data or data == b"[DONE]":
         return None
@@ -59,7 +59,7 @@ def _event(data: bytes) -> dict[str, Any] | None:
 
 
 def _carries_content(data: bytes) -> bool:
-    event = _event(data)
+    event = event_object(data)
     return event is not None and _has_content(event)
 
 

@@ -31,6 +31,8 @@ from typing import Any, TypeGuard
 
 import orjson
 
+from admission_gateway.first_token import event_object
+
 _USAGE_KEY = b'"usage":'
 _MAX_PENDING_BYTES = 1 << 20
 """An event longer than this is relayed as it comes, unaligned (no sane event is this long)."""
@@ -42,16 +44,6 @@ class TokenTotals:
 
     prompt_tokens_total: int = 0
     completion_tokens_total: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class UsageCount:
-    """One request's tokens: what the engine's usage said, or what the gateway counted."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    from_usage: bool
-    """True: the engine's usage; False: the content events of a stream cut before it."""
 
 
 def ask_for_usage(document: Mapping[str, Any], body: bytes) -> bytes | None:
@@ -183,11 +175,6 @@ def _event_end(data: bytes, at: int) -> int:
 
 def _data_of(event: bytes) -> dict[str, Any] | None:
     """The JSON object of an event's `data:` lines; None for anything else."""
-    payload = b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
-    if not payload or payload == b"[DONE]":
-        return None
-    try:
-        parsed: Any = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
+    return event_object(
+        b"".join(line[5:].strip() for line in event.splitlines() if line.startswith(b"data:"))
+    )
