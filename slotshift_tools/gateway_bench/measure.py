@@ -19,7 +19,7 @@ import asyncio
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 
@@ -55,8 +55,7 @@ def completion_body(*, stream: bool, max_tokens: int) -> dict[str, Any]:
     return body
 
 
-def headers_for(target: Target, tenant: str) -> dict[str, str]:
-    """The headers of `tenant`'s requests through `target` (its key; none direct)."""
+def _headers(target: Target, tenant: str) -> dict[str, str]:
     if target.keys is None:
         return {}
     return {"Authorization": f"Bearer {target.keys[tenant]}"}
@@ -87,7 +86,7 @@ async def non_streamed_s(
     body = completion_body(stream=False, max_tokens=NON_STREAMED_MAX_TOKENS)
     started = clock.monotonic()
     async with session.post(
-        f"{target.url}/v1/completions", json=body, headers=headers_for(target, tenant)
+        f"{target.url}/v1/completions", json=body, headers=_headers(target, tenant)
     ) as response:
         await response.read()
         ended = clock.monotonic()
@@ -105,7 +104,7 @@ async def ttft_s(
     started = clock.monotonic()
     first: float | None = None
     async with session.post(
-        f"{target.url}/v1/completions", json=body, headers=headers_for(target, tenant)
+        f"{target.url}/v1/completions", json=body, headers=_headers(target, tenant)
     ) as response:
         if response.status != 200:
             await response.read()
@@ -179,23 +178,53 @@ class StreamLoad:
         await self._tasks.stop()
 
     async def _run(self, session: aiohttp.ClientSession) -> None:
-        body = completion_body(stream=True, max_tokens=self.max_tokens)
-        url = f"{self.target.url}/v1/completions"
-        headers = headers_for(self.target, self.tenant)
         while True:
-            try:
-                async with session.post(url, json=body, headers=headers) as response:
-                    if response.status != 200:
-                        self.errors.append(f"status {response.status}")
-                        await response.read()
-                        await asyncio.sleep(0.1)
-                        continue
-                    async for chunk in response.content.iter_any():
-                        self.counter.feed(chunk)
+            ended = await stream_once(
+                session, self.target, self.tenant, self.max_tokens, self.counter, self.errors
+            )
+            if ended != "failed":
                 self.requests += 1
-            except aiohttp.ClientError as exc:
-                self.errors.append(f"{type(exc).__name__}: {exc}")
+
+
+async def stream_once(
+    session: aiohttp.ClientSession,
+    target: Target,
+    tenant: str,
+    max_tokens: int,
+    counter: EventCounter,
+    errors: list[str],
+    *,
+    cut_after: int | None = None,
+) -> Literal["done", "cut", "failed"]:
+    """One streamed completion of `tenant` through `target`, its events counted into `counter`;
+    with `cut_after`, its client closes the connection after that many events (the proxy sees
+    its client go away). A failure goes to `errors`, after a short pause so that a failing
+    target is not hammered."""
+    body = completion_body(stream=True, max_tokens=max_tokens)
+    try:
+        async with session.post(
+            f"{target.url}/v1/completions", json=body, headers=_headers(target, tenant)
+        ) as response:
+            if response.status != 200:
+                errors.append(f"{tenant}: status {response.status}")
+                await response.read()
                 await asyncio.sleep(0.1)
+                return "failed"
+            seen = EventCounter()
+            async for chunk in response.content.iter_any():
+                counter.feed(chunk)
+                if cut_after is None:
+                    continue
+                seen.feed(chunk)
+                if seen.events >= cut_after:
+                    # Leaving without reading the rest closes the connection.
+                    response.close()
+                    return "cut"
+        return "done"
+    except aiohttp.ClientError as exc:
+        errors.append(f"{tenant}: {type(exc).__name__}: {exc}")
+        await asyncio.sleep(0.1)
+        return "failed"
 
 
 @dataclass(frozen=True)

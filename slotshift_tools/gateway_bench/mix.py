@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from slotshift.aiotasks import Supervisor
-from slotshift_tools.gateway_bench.measure import EventCounter, Target, completion_body, headers_for
+from slotshift_tools.gateway_bench.measure import EventCounter, Target, stream_once
 from slotshift_tools.gateway_bench.processes import BATCH, INTERACTIVE, PREEMPTIBLE
 
 
@@ -86,28 +86,10 @@ class MixLoad:
     async def _one(
         self, session: aiohttp.ClientSession, tenant: str, max_tokens: int, cut_after: int | None
     ) -> None:
-        body = completion_body(stream=True, max_tokens=max_tokens)
-        url = f"{self.target.url}/v1/completions"
-        try:
-            async with session.post(
-                url, json=body, headers=headers_for(self.target, tenant)
-            ) as got:
-                if got.status != 200:
-                    self.errors.append(f"{tenant}: status {got.status}")
-                    await got.read()
-                    await asyncio.sleep(0.1)
-                    return
-                seen = EventCounter()
-                async for chunk in got.content.iter_any():
-                    self.counter.feed(chunk)
-                    seen.feed(chunk)
-                    if cut_after is not None and seen.events >= cut_after:
-                        # Leaving without reading the rest closes the connection: the gateway
-                        # sees its client go away.
-                        got.close()
-                        self.cut += 1
-                        break
+        ended = await stream_once(
+            session, self.target, tenant, max_tokens, self.counter, self.errors, cut_after=cut_after
+        )
+        if ended != "failed":
             self.requests += 1
-        except aiohttp.ClientError as exc:
-            self.errors.append(f"{tenant}: {type(exc).__name__}: {exc}")
-            await asyncio.sleep(0.1)
+        if ended == "cut":
+            self.cut += 1
