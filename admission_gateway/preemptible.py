@@ -68,7 +68,6 @@ from admission_gateway.resume import (
     SSE_KEEPALIVE,
     CannotResume,
     Resumption,
-    SseDecoder,
     SseTooLong,
     UpstreamProtocolError,
 )
@@ -371,8 +370,6 @@ class PreemptibleRelay:
                     await self._refused(upstream, resumption, slot)
                 elif client is None and resumption.client_streams:
                     client = await _open_stream(request, response_headers)
-                # A cut leaves half an event behind: each attempt decodes afresh.
-                decoder = SseDecoder()
                 # Read through [DONE] (feed ends the attempt there): the usage chunk that comes
                 # after the finish says what the prefix cache saved.
                 while resumption.in_flight and not slot.pause_requested:
@@ -393,19 +390,16 @@ class PreemptibleRelay:
                     # All the events of one read go to the client in one write (one system
                     # call, not one an event); nothing is awaited between feeding them, so no
                     # pause can come in between.
-                    out: list[bytes] = []
-                    for data in decoder.feed(chunk):
-                        out += resumption.feed(data)
-                        if not resumption.in_flight:
-                            break
+                    out = resumption.relay(chunk)
                     if client is None or not out:
                         continue
-                    await _write(client, out[0] if len(out) == 1 else b"".join(out))
-                    if not first_token.found:
-                        for event in out:
-                            if first_token.feed(event):
-                                observed.first_token()
-                                break
+                    try:
+                        # Not through _write: its coroutine would cost every read a frame.
+                        await client.write(out)
+                    except ConnectionResetError:
+                        raise _ClientGone(client) from None
+                    if not first_token.found and first_token.feed(out):
+                        observed.first_token()
             except (UpstreamProtocolError, SseTooLong) as exc:
                 upstream.close()
                 resumption.attempt_ended()

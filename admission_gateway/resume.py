@@ -31,7 +31,7 @@ reasoning parsers all break.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -442,6 +442,10 @@ class _Attempt:
     token_prefix: bytes | None = None
     """How this attempt's completions token chunks begin, up to the text (`_TOKEN_CHUNK`),
     once its first chunk has told its id; None until then, and for chat chunks."""
+    token_line: bytes | None = None
+    """`data: ` and `token_prefix`: how a read of one whole token chunk begins."""
+    decoder: SseDecoder = field(default_factory=SseDecoder)
+    """This attempt's events (a cut leaves half an event behind: each attempt decodes afresh)."""
 
 
 class Resumption:
@@ -603,6 +607,33 @@ class Resumption:
         self.attempts += 1
         return path, _dumps(body)
 
+    def relay(self, chunk: bytes) -> bytes:
+        """Take one read of the attempt in flight's upstream bytes (split anywhere): the bytes
+        `feed` gives for the events it completes, joined (b"" for none); what follows the event
+        that ends the attempt is dropped. Raises what `feed` and `SseDecoder.feed` raise.
+
+        The read vLLM sends most, one whole token chunk of the attempt's own prefix, goes to the
+        byte-level rewrite at once, without the decoder or a list."""
+        attempt = self._attempt
+        if attempt is None:
+            raise RuntimeError("no upstream attempt is in flight")
+        line = attempt.token_line
+        if (
+            line is not None
+            and chunk.startswith(line)
+            and not self.finished
+            and not attempt.decoder.pending
+        ):
+            fast = self._take_token_chunk(chunk, len(line), whole_read=True)
+            if fast is not None:
+                return fast
+        out: list[bytes] = []
+        for data in attempt.decoder.feed(chunk):
+            out += self.feed(data)
+            if self._attempt is not attempt:
+                break
+        return b"".join(out)
+
     def feed(self, data: bytes) -> list[bytes]:
         """Take one upstream event payload of the attempt in flight (from `SseDecoder.feed`).
 
@@ -625,9 +656,9 @@ class Resumption:
             raise RuntimeError("no upstream attempt is in flight")
         prefix = attempt.token_prefix
         if prefix is not None and data.startswith(prefix) and not self.finished:
-            fast = self._take_token_chunk(data, len(prefix))
+            fast = self._take_token_chunk(data, len(prefix), whole_read=False)
             if fast is not None:
-                return fast
+                return [fast] if fast else []
         # A JSON object cannot be [DONE]: most events skip is_done's strip and copy.
         if data[:1] != b"{" and is_done(data):
             self._end_attempt()
@@ -922,6 +953,8 @@ class Resumption:
             self.stop_reason = choice.get("stop_reason")
         if attempt.token_prefix is None and not attempt.upstream_chat and not self._chat:
             attempt.token_prefix = _token_prefix(event)
+            if attempt.token_prefix is not None:
+                attempt.token_line = b"data: " + attempt.token_prefix
         if not self.client_streams:
             return []
         if role is not None:
@@ -937,44 +970,70 @@ class Resumption:
                 out["usage"] = self._running_usage()
         return [sse_event(out)]
 
-    def _take_token_chunk(self, data: bytes, text_at: int) -> list[bytes] | None:
+    def _take_token_chunk(self, data: bytes, text_at: int, *, whole_read: bool) -> bytes | None:
         """What `_take_chunk` does with a completions token chunk of the attempt's own prefix
         and the shape `_TOKEN_CHUNK` (no finish, no usage, no prompt ids) for a completions
-        client, read from the bytes without decoding the whole event: only its text and token
-        ids are parsed, and the client's chunk is the upstream's bytes with the client's
-        identity and token ids spliced in. None when `data` has not that shape (the caller then
-        decodes it as any other event): then nothing was changed."""
-        middle = data.find(_TOKEN_MIDDLE, text_at)
-        if middle < 0:
+        client, read from the bytes without decoding the whole event: only its token ids are
+        parsed (and its text, for a client that gets one assembled answer), and the client's
+        event is the upstream's bytes with the client's identity and token ids spliced in.
+        `data` is an event's payload, or with `whole_read` a whole read that must be that one
+        event (`data: `, the payload, a blank line). None when `data` has not that shape (the
+        caller then decodes it as any other event): then nothing was changed.
+
+        A streaming client's text goes as the engine encoded it, unread, as any relayed byte
+        does; what bounds it is JSON's: a string holds no `,"` (its quotes are escaped), so the
+        first `,"logprobs":` after the text's opening quote follows its closing one."""
+        # A short needle: CPython's search prepares its whole needle on every call.
+        middle = data.find(_TOKEN_MIDDLE_START, text_at)
+        if (
+            middle < 0
+            or data[text_at] != _QUOTE
+            or data[middle - 1] != _QUOTE
+            or not data.startswith(_TOKEN_MIDDLE, middle)
+        ):
             return None
-        ids_at = middle + len(_TOKEN_MIDDLE)
+        ids_at = middle + _TOKEN_MIDDLE_BYTES
         ids_end = data.find(b"]", ids_at) + 1
-        if ids_end <= 0 or data[ids_end:] not in _TOKEN_TAILS:
+        tail = data[ids_end:]
+        if ids_end <= 0 or tail not in (_TOKEN_LINE_TAILS if whole_read else _TOKEN_TAILS):
             return None
-        # A JSON string holds no `,"` (its quotes are escaped): the first _TOKEN_MIDDLE after
-        # the text's opening quote follows its closing one, and what is between is one value.
+        ids = data[ids_at - 1 : ids_end]
+        streams = self.client_streams
         try:
-            text = orjson.loads(data[text_at:middle])
-            token_ids = orjson.loads(data[ids_at - 1 : ids_end])
+            token_ids = orjson.loads(ids)  # a list: its bytes open with `[` and close with `]`
+            text: Any = "" if streams else orjson.loads(data[text_at:middle])
         except orjson.JSONDecodeError:
             return None
-        if type(text) is not str or not _int_list(token_ids):
+        for token_id in token_ids:
+            if type(token_id) is not int:
+                return None
+        if type(text) is not str:
             return None
         self._prefill_done = True
         self._generated.extend(token_ids)
-        self._text.append(text)
-        has_output = bool(text or token_ids)
+        has_output = bool(token_ids) or middle - text_at > 2
         self._output_seen = self._output_seen or has_output
-        if not self.client_streams:
-            return []
+        if not streams:
+            self._text.append(text)
+            return b""
         self._client_saw_output = self._client_saw_output or has_output
+        own = self._attempt.token_prefix if self._attempt is not None else None
         prefix = self._client_token_prefix
         if prefix is None:
-            prefix = self._client_token_prefix = _token_prefix(self._identity_fields())
+            prefix = _token_prefix(self._identity_fields())
             if prefix is None:
                 return None  # not reached: the identity came from a chunk that was encoded
-        ids = data[ids_at - 1 : ids_end] if self._client_token_ids else b"null"
-        return [b"data: " + prefix + data[text_at : ids_at - 1] + ids + data[ids_end:] + b"\n\n"]
+            # The same object where it is this attempt's own: `is` tells it below.
+            prefix = self._client_token_prefix = own if prefix == own else prefix
+        shown = ids if self._client_token_ids else b"null"
+        # A whole read's tail holds the event's blank line (and so no other event: a JSON text
+        # holds no raw line end, and what precedes the tail was read).
+        if whole_read and prefix is own:
+            # The client's identity is this attempt's own (no pause so far): the engine's
+            # bytes as they are, less the token ids where the client did not ask for them.
+            return data if shown is ids else b"".join((data[: ids_at - 1], shown, tail))
+        end = b"" if whole_read else b"\n\n"
+        return b"".join((b"data: ", prefix, data[text_at : ids_at - 1], shown, tail, end))
 
     def _rewrite(
         self, attempt: _Attempt, event: dict[str, Any], choice: dict[str, Any]
@@ -1091,7 +1150,11 @@ _TOKEN_MIDDLE: Final = (
     b',"logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,'
     b'"token_ids":['
 )
+_TOKEN_MIDDLE_START: Final = _TOKEN_MIDDLE[: len(b',"logprobs":')]
+_TOKEN_MIDDLE_BYTES: Final = len(_TOKEN_MIDDLE)
+_QUOTE: Final = ord('"')
 _TOKEN_TAILS: Final = (b"}]}", b'}],"usage":null}')
+_TOKEN_LINE_TAILS: Final = tuple(tail + b"\n\n" for tail in _TOKEN_TAILS)
 
 
 def _token_prefix(identity: Mapping[str, Any]) -> bytes | None:

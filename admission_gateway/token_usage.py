@@ -10,9 +10,11 @@ the body it has read anyway. A stream carries it only when the request asks for
 The scanner does no per-event parsing. It keeps the relayed bytes aligned on event boundaries
 (an event split across reads is held until its blank line arrives, which costs nothing in latency:
 an SSE client cannot use half an event), counts the reads it relays (each holds at least one
-whole event), and parses only the one event that holds `"usage":`, found with one C-level search
-per read. That key cannot appear inside generated text: a
-quote in a JSON string is escaped, so `"usage":` occurs only as an object's key.
+whole event), and parses only the one event whose `"usage":` holds an object, found with one
+C-level search per read (OpenAI's API, and servers that copy it, put `"usage":null` on every
+chunk of a stream that asked for usage; vLLM leaves the key out). That key cannot
+appear inside generated text: a quote in a JSON string is escaped, so `"usage":` occurs only as
+an object's key.
 
 A stream cut before its usage event (the client went away, the engine failed) counts what the
 engine delivered to the gateway: the reads of content it relayed, each at least one event of at
@@ -34,6 +36,7 @@ import orjson
 from admission_gateway.first_token import event_object
 
 _USAGE_KEY = b'"usage":'
+_NO_USAGE = b"null"
 _MAX_PENDING_BYTES = 1 << 20
 """An event longer than this is relayed as it comes, unaligned (no sane event is this long)."""
 
@@ -103,7 +106,8 @@ class UsageScanner:
         self.reads += 1
         self._last = chunk
         at = chunk.rfind(_USAGE_KEY)
-        if at >= 0:
+        # A `"usage":null` on every chunk (OpenAI's shape) would otherwise parse every event.
+        if at >= 0 and not chunk.startswith(_NO_USAGE, at + len(_USAGE_KEY)):
             chunk = self._take_usage(chunk, at)
         return chunk
 

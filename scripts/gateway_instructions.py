@@ -4,12 +4,16 @@ a shared machine (its side-by-side ratios move by +-10% there; instruction count
 
     python scripts/gateway_instructions.py --streams plain --count-tokens on
     python scripts/gateway_instructions.py --streams plain --count-tokens off
+    python scripts/gateway_instructions.py --streams mix --count-tokens on --events-per-s 20
 
-It starts the bench's processes (slotshift_tools/gateway_bench/processes.py) with the main
-gateway under `valgrind --tool=callgrind` (Debian's `valgrind`), runs `--streams` concurrent
-streams of the batch (plain) or preemptible tenant through it at `--events-per-s` each, turns
-instrumentation on for `--window-s` after a warm-up, and prints the gateway's instructions per
-event received by the client. System calls and the kernel's work are not counted: the figure is
+It starts the bench's processes (slotshift_tools/gateway_bench/processes.py) with one gateway
+under `valgrind --tool=callgrind` (Debian's `valgrind`), turns instrumentation on for
+`--window-s` after a warm-up, and prints that gateway's instructions per event received by the
+clients. `plain` and `preemptible`: `--count` concurrent streams of the batch or the preemptible
+tenant through the main gateway (tokens counted as `--count-tokens` says), at `--events-per-s`
+each. `mix`: the accounting mix of `slotshift bench-gateway` (gateway_bench/mix.py: plain streams,
+some cut by their client, preemptible ones on borrowed slots that the interactive tenant's bursts
+pause) through the mix gateway that counts tokens (`on`) or the one that does not (`off`). System calls and the kernel's work are not counted: the figure is
 the Python and C the gateway runs. Run it from the checkout to measure (`python -m` starts the
 services from the current folder).
 """
@@ -30,6 +34,7 @@ import aiohttp
 from slotshift.clock import SystemClock
 from slotshift_tools.gateway_bench import processes
 from slotshift_tools.gateway_bench.measure import StreamLoad, Target
+from slotshift_tools.gateway_bench.mix import MixLoad
 
 WARMUP_S = 3.0
 
@@ -50,10 +55,13 @@ async def _instrument(pid: int, state: str) -> None:
         raise SystemExit(f"callgrind_control -i {state} failed")
 
 
-async def measure(args: argparse.Namespace, out: Path) -> tuple[int, int]:
-    """(instructions, events) over the window."""
+async def measure(args: argparse.Namespace, out: Path) -> tuple[int, int, int]:
+    """(instructions, events, requests ended) over the window."""
     config_data = processes.stack_config_data
     service_argv = processes._service_argv
+
+    mix_gateway = "gateway-mix-counted" if args.count_tokens == "on" else "gateway-mix-uncounted"
+    measured_config = f"slotshift-{mix_gateway}.yaml" if args.streams == "mix" else "slotshift.yaml"
 
     def data(**kw: Any) -> dict[str, Any]:
         document = config_data(**kw)
@@ -62,7 +70,7 @@ async def measure(args: argparse.Namespace, out: Path) -> tuple[int, int]:
 
     def argv(service: str, config: Path) -> list[str]:
         command = service_argv(service, config)
-        if service == "gateway" and config.name == "slotshift.yaml":
+        if service == "gateway" and config.name == measured_config:
             pattern = str(out / "callgrind.%p")
             return ["valgrind", "--tool=callgrind", "--instr-atstart=no",
                     f"--callgrind-out-file={pattern}", *command]  # fmt: skip
@@ -72,17 +80,31 @@ async def measure(args: argparse.Namespace, out: Path) -> tuple[int, int]:
     processes._service_argv = argv  # type: ignore[assignment]
     bench = processes.BenchProcesses(out, SystemClock(), ready_timeout_s=300)
     found = await bench.start(budget_slots=96, events_per_s=args.events_per_s, with_haproxy=False)
-    pid = bench.pids["gateway"]
-    tenant = processes.PREEMPTIBLE if args.streams == "preemptible" else processes.BATCH
-    load = StreamLoad(Target("gateway", found.gateway, found.keys), tenant, args.count, 256)
+    load: StreamLoad | MixLoad
+    if args.streams == "mix":
+        pid = bench.pids[mix_gateway]
+        # The bench's mix (slotshift_tools/gateway_bench/command.py), at the pace set here.
+        load = MixLoad(
+            Target(mix_gateway, found.mix[mix_gateway], found.keys),
+            batch_streams=3,
+            preemptible_streams=8,
+            burst_streams=4,
+            max_tokens=args.max_tokens,
+            burst_interval_s=1.5,
+        )
+    else:
+        pid = bench.pids["gateway"]
+        tenant = processes.PREEMPTIBLE if args.streams == "preemptible" else processes.BATCH
+        target = Target("gateway", found.gateway, found.keys)
+        load = StreamLoad(target, tenant, args.count, args.max_tokens)
     try:
         async with aiohttp.ClientSession() as session:
             load.start(session)
             await asyncio.sleep(WARMUP_S)
             await _instrument(pid, "on")
-            before = load.counter.events
+            before, requests_before = load.counter.events, load.requests
             await asyncio.sleep(args.window_s)
-            events = load.counter.events - before
+            events, requests = load.counter.events - before, load.requests - requests_before
             await _instrument(pid, "off")
             await load.stop()
     finally:
@@ -90,25 +112,26 @@ async def measure(args: argparse.Namespace, out: Path) -> tuple[int, int]:
     if load.errors:
         raise SystemExit(f"stream errors: {load.errors[:3]}")
     files = await asyncio.to_thread(lambda: list(out.glob(f"callgrind.{pid}*")))
-    return sum(_callgrind_totals(p) for p in files), events
+    return sum(_callgrind_totals(p) for p in files), events, requests
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", choices=("plain", "preemptible"), default="plain")
+    parser.add_argument("--streams", choices=("plain", "preemptible", "mix"), default="plain")
     parser.add_argument("--count-tokens", choices=("on", "off"), default="on")
     parser.add_argument("--count", type=int, default=4, help="concurrent streams (default 4)")
     parser.add_argument("--events-per-s", type=float, default=50.0, help="per stream (default 50)")
     parser.add_argument("--window-s", type=float, default=6.0, help="counted window (default 6)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="per stream (default 256)")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="gateway-instructions-") as folder:
-        instructions, events = asyncio.run(measure(args, Path(folder)))
+        instructions, events, requests = asyncio.run(measure(args, Path(folder)))
     print(
         f"streams={args.streams} count_tokens={args.count_tokens} events={events} "
-        f"instructions_per_event={instructions / max(1, events):.0f}"
+        f"requests={requests} instructions_per_event={instructions / max(1, events):.0f}"
     )
     return 0
 

@@ -8,9 +8,9 @@ preemptible tenants through the gateway, plain through HAProxy, and direct for t
 the harness's own cost), and the interactive tenant's TTFT while the batch tenant streams
 `--batch-events-per-s` through the gateway (and through HAProxy), and the price of token
 accounting: the mixed load of mix.py (plain, cut and paused streams) through two gateways that
-differ only in `gateway.count_tokens`, one window each, their order alternating between runs.
-The headline figures are the medians over the runs. Outputs in DIR: gateway.json, gateway.png, summary.md, the generated
-configs and every process's log. Exit status: 0 when every run measured, 1 when a process
+differ only in `gateway.count_tokens`, each in front of a pool of its own, both at once in one
+window. The headline figures are the medians over the runs. Outputs in DIR: gateway.json,
+gateway.png, summary.md, the generated configs and every process's log. Exit status: 0 when every run measured, 1 when a process
 failed or a request of the bench failed, 2 for bad arguments.
 """
 
@@ -38,6 +38,7 @@ from slotshift_tools.gateway_bench.measure import (
     Target,
     Window,
     measure_streams,
+    measure_together,
     non_streamed_s,
     paired_latency,
     ttft_s,
@@ -47,11 +48,11 @@ from slotshift_tools.gateway_bench.processes import (
     BATCH,
     INTERACTIVE,
     MIX_GATEWAYS,
-    MIX_POOL,
     PREEMPTIBLE,
     BenchProcessError,
     BenchProcesses,
     Targets,
+    mix_pool,
 )
 from slotshift_tools.gateway_bench.report import cpu_figure, latency_figures, markdown_table, plot
 from slotshift_tools.gateway_bench.report import summary as summarize
@@ -259,11 +260,10 @@ async def one_run(
             if _contended(window):
                 contended.append(f"interference/{proxy}")
             processes.check_alive()
-        mix = list(mix_targets)
-        # Alternated between runs, so that neither gateway always goes first.
-        for name in mix if index % 2 == 0 else reversed(mix):
-            target = mix_targets[name]
-            mixed = MixLoad(
+        # Both mix gateways carry the mix at once, each in a pool of its own: one window, so
+        # that their ratio is measured at the same moments and not across the machine's drift.
+        mixes = {
+            name: MixLoad(
                 target,
                 batch_streams=settings["mix_batch_streams"],
                 preemptible_streams=settings["mix_preemptible_streams"],
@@ -271,32 +271,41 @@ async def one_run(
                 max_tokens=settings["stream_tokens"],
                 burst_interval_s=settings["mix_burst_interval_s"],
             )
-            pauses_before = await _pauses(target)
-            async with aiohttp.ClientSession(
+            for name, target in mix_targets.items()
+        }
+        pauses_before = {name: await _pauses(target) for name, target in mix_targets.items()}
+        mix_sessions = {
+            name: aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=settings["mix_connections"])
-            ) as session:
-                window, _ = await measure_streams(
-                    session,
-                    mixed,
-                    pids,
-                    clock,
-                    warmup_s=settings["mix_warmup_s"],
-                    window_s=settings["window_s"],
-                )
+            )
+            for name in mixes
+        }
+        try:
+            mix_windows, _ = await measure_together(
+                {name: (mix_sessions[name], mixes[name]) for name in mixes},
+                pids,
+                clock,
+                warmup_s=settings["mix_warmup_s"],
+                window_s=settings["window_s"],
+            )
+        finally:
+            for session in mix_sessions.values():
+                await session.close()
+        for name, mixed in mixes.items():
             _require_no_errors(mixed, f"{name} mix")
-            document = window.to_json()
+            document = mix_windows[name].to_json()
             document["cpu_ms_per_1000_events"] = cpu_figure(document, name)
             document |= {
                 "requests": mixed.requests,
                 "cut_by_client": mixed.cut,
                 "bursts": mixed.bursts,
-                "pauses": await _pauses(target) - pauses_before,
+                "pauses": await _pauses(mix_targets[name]) - pauses_before[name],
                 "count_tokens": MIX_GATEWAYS[name],
             }
             run["accounting"][name] = document
-            if _contended(window):
-                contended.append(f"accounting/{name}")
-            processes.check_alive()
+        if _contended(mix_windows[next(iter(mixes))]):
+            contended.append("accounting")
+        processes.check_alive()
         run["contended_windows"] = contended
         return run
     finally:
@@ -321,7 +330,7 @@ async def _pauses(target: Target) -> float:
     return sum(
         value
         for labels, value in samples.get("slotshift_gateway_pauses_total", [])
-        if labels.get("pool") == MIX_POOL and labels.get("tenant") == PREEMPTIBLE
+        if labels.get("pool") == mix_pool(target.name) and labels.get("tenant") == PREEMPTIBLE
     )
 
 

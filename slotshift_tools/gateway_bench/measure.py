@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -305,18 +305,39 @@ async def measure_streams(
     """Run `load`; after `warmup_s`, a window of `window_s` (or as long as `during()` takes,
     when given: the interference probes run inside the window). The window, and what
     `during()` returned."""
-    load.start(session)
+    windows, result = await measure_together(
+        {"load": (session, load)}, pids, clock, warmup_s=warmup_s, window_s=window_s, during=during
+    )
+    return windows["load"], result
+
+
+async def measure_together(
+    loads: Mapping[str, tuple[aiohttp.ClientSession, Load]],
+    pids: dict[str, int],
+    clock: Clock,
+    *,
+    warmup_s: float,
+    window_s: float,
+    during: Callable[[], Any] | None = None,
+) -> tuple[dict[str, Window], Any]:
+    """`measure_streams` of several loads at once (each on its own session), in one window:
+    each load's window (the same moments and CPU readings, its own events)."""
+    for session, load in loads.values():
+        load.start(session)
     try:
         await asyncio.sleep(warmup_s)
         before = cpu_mark(pids, clock)
-        events_before = load.counter.events
+        events_before = {name: load.counter.events for name, (_, load) in loads.items()}
         result = None
         if during is not None:
             result = await during()
         else:
             await asyncio.sleep(window_s)
         after = cpu_mark(pids, clock)
-        events = load.counter.events - events_before
+        events = {
+            name: load.counter.events - events_before[name] for name, (_, load) in loads.items()
+        }
     finally:
-        await load.stop()
-    return window_between(before, after, events), result
+        for _, load in loads.values():
+            await load.stop()
+    return {name: window_between(before, after, events[name]) for name in loads}, result

@@ -5,9 +5,10 @@
   from a generated config: one pool of the bench's tenants in front of the upstream, stream
   authentication on (generated tokens, StreamTokenFiles), tenants' keys under a generated
   key-digest secret, tracing as the environment configures it (nothing set here);
-- for the price of token accounting (mix.py): a second, small pool of the same tenants and
-  upstream, `MIX_POOL`, fronted by two more gateways that differ only in
-  `gateway.count_tokens` (`gateway-mix-counted`, `gateway-mix-uncounted`);
+- for the price of token accounting (mix.py): two more gateways that differ only in
+  `gateway.count_tokens` (`gateway-mix-counted`, `gateway-mix-uncounted`), each in front of a
+  small pool of its own (`mix_pool`) of the same tenants and upstream, so that the two carry the
+  mix at the same time without sharing slots;
 - HAProxy (`haproxy -f FILE -db`) with a static split equal to the tenants' nominal shares,
   when the binary is installed.
 
@@ -53,9 +54,15 @@ INTERACTIVE = "interactive"
 BATCH = "batch"
 PREEMPTIBLE = "preemptible"
 TENANTS = (INTERACTIVE, BATCH, PREEMPTIBLE)
-MIX_POOL = "mix"
 MIX_GATEWAYS = {"gateway-mix-counted": True, "gateway-mix-uncounted": False}
 """The accounting mix's gateways, and whether each counts tokens."""
+
+
+def mix_pool(gateway: str) -> str:
+    """The pool the accounting mix's `gateway` fronts (`mix-counted`, `mix-uncounted`)."""
+    return gateway.removeprefix("gateway-")
+
+
 READY_POLL_S = 0.1
 STOP_GRACE_S = 10.0
 
@@ -91,7 +98,7 @@ def stack_config_data(
     keys: dict[str, str],
     mix_budget_slots: int = 12,
 ) -> dict[str, Any]:
-    """The generated config: the bench's pool and the accounting mix's (MIX_POOL), each of the
+    """The generated config: the bench's pool and the accounting mix's (`mix_pool`), each of the
     bench's tenants (the preemptible one preemptible), shipped defaults otherwise; stream auth
     and the key-digest secret are added by the caller."""
 
@@ -111,7 +118,10 @@ def stack_config_data(
         }
 
     return {
-        "pools": [pool(POOL, budget_slots), pool(MIX_POOL, mix_budget_slots)],
+        "pools": [
+            pool(POOL, budget_slots),
+            *(pool(mix_pool(name), mix_budget_slots) for name in MIX_GATEWAYS),
+        ],
         "controlplane": {"grpc_host": HOST, "grpc_port": grpc_port, "metrics_port": metrics_port},
         "gateway": {
             "host": HOST,
@@ -203,7 +213,7 @@ class BenchProcesses:
         for (name, counting), port in zip(MIX_GATEWAYS.items(), mix_ports, strict=True):
             mix_data = {
                 **data,
-                "gateway": {**data["gateway"], "pool": MIX_POOL, "count_tokens": counting},
+                "gateway": {**data["gateway"], "pool": mix_pool(name), "count_tokens": counting},
             }
             mix_path = self._out_dir / f"slotshift-{name}.yaml"
             await asyncio.to_thread(

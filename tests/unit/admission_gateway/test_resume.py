@@ -8,6 +8,7 @@ function of the context alone, so a continuation is the same computation as an u
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from collections.abc import Mapping, Sequence
@@ -260,11 +261,14 @@ def run(
     body: Mapping[str, Any],
     cuts: Sequence[int] = (),
     rng: random.Random | None = None,
+    *,
+    aligned: bool = False,
 ) -> tuple[Resumption, bytes]:
     """The gateway's loop: attempts cut after `cuts[i]` events each, then one run to the end.
 
-    The upstream bytes are split at random points (with keep-alive comments and, at a cut, half
-    an event that never ends), as a real connection would deliver them.
+    The upstream bytes (with keep-alive comments and, at a cut, half an event that never ends)
+    are split at random points, as a real connection may deliver them, or with `aligned` read
+    an event at a time, as vLLM's usually come (the relay's byte-level path takes those).
     """
     rng = rng or random.Random(0)
     resumption = Resumption(path, body)
@@ -274,16 +278,17 @@ def run(
         upstream_path, upstream_body = resumption.upstream_request()
         events = engine.stream(upstream_path, json.loads(upstream_body))
         cut = pending_cuts.pop(0) if pending_cuts else None
-        wire = SSE_KEEPALIVE + sse(events if cut is None else events[:cut])
+        reads = [SSE_KEEPALIVE, *(sse([event]) for event in events[:cut])]
         if cut is not None and cut < len(events):
-            wire += sse(events[cut : cut + 1])[: rng.randrange(1, 8)]
-        decoder = SseDecoder()
-        position = 0
-        while position < len(wire):
-            step = rng.randrange(1, 40)
-            for payload in decoder.feed(wire[position : position + step]):
-                client += b"".join(resumption.feed(payload))
-            position += step
+            reads.append(sse(events[cut : cut + 1])[: rng.randrange(1, 8)])
+        if not aligned:
+            wire = b"".join(reads)
+            steps = [0]
+            while steps[-1] < len(wire):
+                steps.append(steps[-1] + rng.randrange(1, 40))
+            reads = [wire[start:end] for start, end in itertools.pairwise(steps)]
+        for read in reads:
+            client += resumption.relay(read)
         if not resumption.finished:
             # This engine returns every token id: pausing never loses anything.
             assert resumption.pausable()
@@ -732,6 +737,31 @@ def test_a_token_chunk_reaches_the_client_as_the_engine_encoded_its_text() -> No
         assert resumption.generated_tokens == 4
 
 
+@pytest.mark.parametrize("asked_ids", [False, True])
+def test_reads_of_one_token_chunk_take_the_byte_path_and_give_the_same_stream(
+    asked_ids: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The relay's byte-level path (a read that is one whole token chunk) must give the client
+    # exactly what the decoder's path gives the same events split anywhere, across pauses.
+    body = completions(stream=True, max_tokens=12, return_token_ids=asked_ids)
+    taken = Resumption._take_token_chunk
+    whole_reads: list[bool] = []
+
+    def spy(self: Resumption, data: bytes, text_at: int, *, whole_read: bool) -> bytes | None:
+        out = taken(self, data, text_at, whole_read=whole_read)
+        if out is not None:
+            whole_reads.append(whole_read)
+        return out
+
+    monkeypatch.setattr(Resumption, "_take_token_chunk", spy)
+    _, aligned = run(FakeVllm(compact=True), COMPLETIONS_PATH, body, [4, 3], aligned=True)
+    assert whole_reads and all(whole_reads)
+    whole_reads.clear()
+    _, split = run(FakeVllm(compact=True), COMPLETIONS_PATH, body, [4, 3], random.Random(3))
+    assert not any(whole_reads)
+    assert aligned == split
+
+
 def usage_chunk(prompt: int, completion: int, cached: int | None = None) -> bytes:
     usage: dict[str, Any] = {"prompt_tokens": prompt, "completion_tokens": completion}
     usage["total_tokens"] = prompt + completion
@@ -1031,12 +1061,17 @@ def requests(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     st.lists(st.integers(0, 14), min_size=1, max_size=5),
     st.randoms(use_true_random=False),
     st.booleans(),
+    st.booleans(),
 )
 def test_a_paused_answer_equals_one_never_paused(
-    request: tuple[str, dict[str, Any]], cuts: list[int], rng: random.Random, compact: bool
+    request: tuple[str, dict[str, Any]],
+    cuts: list[int],
+    rng: random.Random,
+    compact: bool,
+    aligned: bool,
 ) -> None:
     path, body = request
-    resumption, stream = run(FakeVllm(compact=compact), path, body, cuts, rng)
+    resumption, stream = run(FakeVllm(compact=compact), path, body, cuts, rng, aligned=aligned)
     reference = FakeVllm()
     truth = FakeVllm().complete(path, {**body, "stream": False, "stream_options": None})
     assert resumption.generated_tokens == truth["usage"]["completion_tokens"]

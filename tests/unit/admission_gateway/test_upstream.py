@@ -25,6 +25,7 @@ from pydantic import SecretStr, ValidationError
 
 from admission_gateway.upstream import EngineClient, _Attempt, _never_received
 from slotshift.config import GatewayConfig
+from tests.support import wait_until
 from tests.unit.admission_gateway.conftest import StartGateway, auth
 
 COMPLETION = {"model": "fake", "user": "A", "prompt": "Hi"}
@@ -433,3 +434,46 @@ def test_a_body_that_could_not_be_written_is_never_received_on_any_connection() 
     unwritten = aiohttp.ClientOSError(None, "Can not write request body for http://engine/v1")
     assert _never_received(unwritten, fresh)
     assert not _never_received(aiohttp.ClientOSError(104, "Connection reset by peer"), fresh)
+
+
+async def test_a_stream_read_slower_than_it_comes_pauses_and_resumes_its_connection() -> None:
+    # The engine's connections skip aiohttp's resume call after every read unless something is
+    # paused (upstream._EngineProtocol): a stream that outruns its reader must still pause its
+    # transport at the high-water mark and resume it as the reader catches up, to the last byte.
+    chunk = b"data: " + b"x" * 1000 + b"\n\n"
+    count = 4000
+    written = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        for _ in range(count):
+            writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        writer.write(b"0\r\n\r\n")
+        written.set()
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
+            response = await client.send(
+                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
+            )
+            protocol = response.connection.protocol if response.connection else None
+            assert type(protocol).__name__ == "_EngineProtocol"
+            first = await response.content.readany()
+            await written.wait()
+            await wait_until(lambda: protocol._reading_paused, message="the transport paused")
+            received = len(first)
+            while data := await response.content.readany():
+                received += len(data)
+            response.release()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert received == count * len(chunk)
