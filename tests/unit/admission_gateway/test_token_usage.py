@@ -122,6 +122,20 @@ def test_continuous_usage_counts_the_newest_and_hides_nothing_with_choices() -> 
     assert scanner.usage == (3, 2)
 
 
+def test_a_null_usage_on_every_chunk_is_passed_over_and_the_last_event_counts() -> None:
+    # OpenAI's shape: every chunk of a stream that asked for usage says `"usage":null`, the usage
+    # event at the end has the totals; `null` must neither be parsed as usage nor hide an event.
+    events = [_event({"choices": [{"text": t}], "usage": None}) for t in ("a", "b")]
+    events.append(_event({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}}))
+    events.append(_event("[DONE]"))
+    scanner = UsageScanner(hide_usage=True)
+    assert _relay(scanner, events) == b"".join(events[:2] + events[3:])
+    assert scanner.usage == (4, 2)
+    spaced = UsageScanner(hide_usage=True)
+    assert _relay(spaced, [e.replace(b'"usage":null', b'"usage": null') for e in events[:2]])
+    assert spaced.usage is None
+
+
 def test_generated_text_that_spells_the_key_is_not_usage() -> None:
     text = 'he said "usage": {"prompt_tokens": 1, "completion_tokens": 1}'
     events = _chat_stream([text], usage=False)
