@@ -465,7 +465,7 @@ async def test_a_stream_read_slower_than_it_comes_pauses_and_resumes_its_connect
                 "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
             )
             protocol = response.connection.protocol if response.connection else None
-            assert type(protocol).__name__ == "_EngineProtocol"
+            assert protocol is not None and type(protocol).__name__ == "_EngineProtocol"
             first = await response.content.readany()
             await written.wait()
             await wait_until(lambda: protocol._reading_paused, message="the transport paused")
