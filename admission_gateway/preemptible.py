@@ -72,6 +72,7 @@ from admission_gateway.resume import (
     UpstreamProtocolError,
 )
 from admission_gateway.upstream import EngineClient, EngineCredentialsRefused
+from slotshift.aiotasks import in_own_task
 from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
 
@@ -243,16 +244,19 @@ class PreemptibleRelay:
             while True:
                 attempt += 1
                 try:
-                    client, finished = await relay._attempt(
-                        request,
-                        resumption,
-                        slot,
-                        headers,
-                        response_headers,
-                        client,
-                        first_token,
-                        observed,
-                        attempt,
+                    client, finished = await in_own_task(
+                        relay._attempt(
+                            request,
+                            resumption,
+                            slot,
+                            headers,
+                            response_headers,
+                            client,
+                            first_token,
+                            observed,
+                            attempt,
+                        ),
+                        name=f"resumable {tenant.name} attempt {attempt}",
                     )
                 except _Ended as ended:
                     # An attempt that opened the client's stream and then failed hands it

@@ -43,6 +43,7 @@ from admission_gateway.errors import (
 )
 from admission_gateway.figures import RequestObservation
 from admission_gateway.upstream import EngineClient
+from slotshift.aiotasks import in_own_task
 from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
 
@@ -148,7 +149,9 @@ class EngineRelay:
         record_status(span, upstream.status, None, client=True)
         try:
             if upstream.status == 200 and upstream.content_type == "text/event-stream":
-                return await self._relay_stream(request, upstream, rid, observed)
+                return await in_own_task(
+                    self._relay_stream(request, upstream, rid, observed), name=f"relay {rid}"
+                )
             try:
                 content = await upstream.read()
             except TimeoutError:

@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Supervisor:
@@ -71,3 +73,15 @@ class Supervisor:
         _, pending = await asyncio.wait(tasks, timeout=timeout_s)
         for task in pending:
             logger.error("task %s did not stop within %.1f s", task.get_name(), timeout_s)
+
+
+async def in_own_task(coro: Coroutine[Any, Any, T], *, name: str) -> T:
+    """`await coro`, run as a task of its own named `name`.
+
+    For a loop that wakes often deep under a request handler (a relayed stream wakes once an
+    event): each wake-up of a coroutine resumes every coroutine frame that awaits it, down from
+    the handler's task, and a relay sits a dozen frames deep; in a task of its own it resumes
+    its own few. The caller's context is the task's; cancelling the caller cancels the task
+    (asyncio cancels the future a task waits on), and the caller goes on once the task has
+    ended: its cleanup has run, and its result or error is the caller's."""
+    return await asyncio.get_running_loop().create_task(coro, name=name)
