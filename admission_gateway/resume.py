@@ -99,6 +99,10 @@ class SseDecoder:
         self._data: list[bytes] = []
         self._event_bytes = 0
         self._max_event_bytes = max_event_bytes
+        # Attributes, not properties, where the relay reads them once an event: a property's
+        # getter is a call from C, a fresh interpreter frame each time.
+        self.pending = False
+        """Whether bytes of an unfinished event are held (at the end of a stream: it was cut)."""
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """Consume the next bytes; return the payloads of the events they complete, in order.
@@ -147,14 +151,10 @@ class SseDecoder:
                 value = line[5:]
                 self._data.append(value[1:] if value.startswith(b" ") else value)
         del self._buffer[:start]
+        self.pending = bool(self._buffer) or bool(self._data)
         if self._event_bytes + len(self._buffer) > self._max_event_bytes:
             raise SseTooLong(f"an SSE event exceeds {self._max_event_bytes} bytes")
         return payloads
-
-    @property
-    def pending(self) -> bool:
-        """Whether bytes of an unfinished event are held (at the end of a stream: it was cut)."""
-        return bool(self._buffer) or bool(self._data)
 
 
 # --- Which shapes resume exactly -------------------------------------------------------------
@@ -476,6 +476,9 @@ class Resumption:
         self._client_usage = self.client_streams and bool(options.get("include_usage"))
         self._continuous_usage = self._client_usage and bool(options.get("continuous_usage_stats"))
         self._client_token_ids = bool(body.get("return_token_ids"))
+        self.in_flight = False
+        """Whether an attempt was started and has not ended (an attribute: the relay reads it
+        once an event, and a property's getter is a call from C)."""
         self._max_output = _output_bound(path, body)
         self._min_tokens = int(body.get("min_tokens") or 0)
 
@@ -545,11 +548,6 @@ class Resumption:
             return int(self._original_usage.get("prompt_tokens") or 0)
         return None
 
-    @property
-    def in_flight(self) -> bool:
-        """Whether an attempt was started and has not ended."""
-        return self._attempt is not None
-
     def pausable(self) -> bool:
         """Whether pausing the attempt in flight now loses nothing: it has produced no output
         yet, or the output so far can be continued exactly (the prompt's ids and every output
@@ -598,6 +596,7 @@ class Resumption:
             path, body = self._path, self._original_body()
             prompt_tokens = self.prompt_tokens
             upstream_chat, continuation = self._chat, False
+        self.in_flight = True
         self._attempt = _Attempt(
             continuation=continuation,
             upstream_chat=upstream_chat,
@@ -873,6 +872,7 @@ class Resumption:
         attempt = self._attempt
         assert attempt is not None
         self._attempt = None
+        self.in_flight = False
         if not self.finished and self._continuable() and len(self._generated) >= self._max_output:
             # Every token asked for arrived but the finishing chunk did not (vLLM sends them
             # together, so only a cut in between gets here): finish as vLLM would have.
