@@ -413,9 +413,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     settings = resolve(args)
-    out_dir = args.out or Path("results") / (
-        "gateway-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    )
+    # Absolute: the generated configs name files in it, read relative to the config's folder.
+    out_dir = (
+        args.out
+        or Path("results") / ("gateway-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    ).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         document = asyncio.run(run_bench(settings, out_dir, SystemClock()))

@@ -187,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.duration_s <= 0 or args.warmup_s < 0 or args.interval_s <= 0:
         print("slotshift bench-scale: durations and intervals must be positive", file=sys.stderr)
         return 2
-    out_dir = args.out or Path("results") / (
-        "scale-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    )
+    # Absolute: the generated configs name files in it, read relative to the config's folder.
+    out_dir = (
+        args.out or Path("results") / ("scale-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    ).resolve()
     points = [point_settings(point, args) for point in grid]
     settings = {
         "argv": sys.argv[1:] if argv is None else list(argv),
