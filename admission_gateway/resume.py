@@ -1004,6 +1004,7 @@ class Resumption:
             text: Any = "" if streams else orjson.loads(data[text_at:middle])
         except orjson.JSONDecodeError:
             return None
+        # `_int_list` without its call: orjson makes exact ints, never a subclass.
         for token_id in token_ids:
             if type(token_id) is not int:
                 return None

@@ -13,8 +13,9 @@ clients. `plain` and `preemptible`: `--count` concurrent streams of the batch or
 tenant through the main gateway (tokens counted as `--count-tokens` says), at `--events-per-s`
 each. `mix`: the accounting mix of `slotshift bench-gateway` (gateway_bench/mix.py: plain streams,
 some cut by their client, preemptible ones on borrowed slots that the interactive tenant's bursts
-pause) through the mix gateway that counts tokens (`on`) or the one that does not (`off`). System calls and the kernel's work are not counted: the figure is
-the Python and C the gateway runs. Run it from the checkout to measure (`python -m` starts the
+pause) through the mix gateway that counts tokens (`on`) or the one that does not (`off`).
+System calls and the kernel's work are not counted: the figure is the Python and C the gateway
+runs. Run it from the checkout to measure (`python -m` starts the
 services from the current folder).
 """
 
@@ -32,7 +33,7 @@ from typing import Any
 import aiohttp
 
 from slotshift.clock import SystemClock
-from slotshift_tools.gateway_bench import processes
+from slotshift_tools.gateway_bench import command, processes
 from slotshift_tools.gateway_bench.measure import StreamLoad, Target
 from slotshift_tools.gateway_bench.mix import MixLoad
 
@@ -83,15 +84,10 @@ async def measure(args: argparse.Namespace, out: Path) -> tuple[int, int, int]:
     load: StreamLoad | MixLoad
     if args.streams == "mix":
         pid = bench.pids[mix_gateway]
-        # The bench's mix (slotshift_tools/gateway_bench/command.py), at the pace set here.
-        load = MixLoad(
-            Target(mix_gateway, found.mix[mix_gateway], found.keys),
-            batch_streams=3,
-            preemptible_streams=8,
-            burst_streams=4,
-            max_tokens=args.max_tokens,
-            burst_interval_s=1.5,
-        )
+        # The bench's mix, at the pace and length set here.
+        settings = command.resolve(command.build_parser().parse_args([]))
+        target = Target(mix_gateway, found.mix[mix_gateway], found.keys)
+        load = command.mix_load(target, settings, args.max_tokens)
     else:
         pid = bench.pids["gateway"]
         tenant = processes.PREEMPTIBLE if args.streams == "preemptible" else processes.BATCH

@@ -28,8 +28,7 @@ import aiohttp
 
 from slotshift.clock import SystemClock
 from slotshift_tools.gateway_bench import processes
-from slotshift_tools.gateway_bench.measure import StreamLoad, Target
-from slotshift_tools.scale import procfs
+from slotshift_tools.gateway_bench.measure import StreamLoad, Target, measure_together
 
 WARMUP_S = 1.5
 KINDS = {"plain": processes.BATCH, "preemptible": processes.PREEMPTIBLE}
@@ -75,20 +74,17 @@ async def _window(
     }
     pids = {name: bench.pids["gateway"] for name, (bench, _) in stacks.items()}
     async with aiohttp.ClientSession() as session:
-        for load in loads.values():
-            load.start(session)
-        try:
-            await asyncio.sleep(WARMUP_S)
-            before = {n: (procfs.process_cpu_s(pids[n]), loads[n].counter.events) for n in loads}
-            await asyncio.sleep(args.window_s)
-            after = {n: (procfs.process_cpu_s(pids[n]), loads[n].counter.events) for n in loads}
-        finally:
-            for load in loads.values():
-                await load.stop()
+        windows, _ = await measure_together(
+            {name: (session, load) for name, load in loads.items()},
+            pids,
+            SystemClock(),
+            warmup_s=WARMUP_S,
+            window_s=args.window_s,
+        )
     for load in loads.values():
         if load.errors:
             raise SystemExit(f"stream errors: {load.errors[:3]}")
-    return {n: (after[n][0] - before[n][0]) / max(1, after[n][1] - before[n][1]) for n in loads}
+    return {name: window.cpu_s[name] / max(1, window.events) for name, window in windows.items()}
 
 
 def main() -> int:

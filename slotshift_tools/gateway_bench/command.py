@@ -10,8 +10,9 @@ the harness's own cost), and the interactive tenant's TTFT while the batch tenan
 accounting: the mixed load of mix.py (plain, cut and paused streams) through two gateways that
 differ only in `gateway.count_tokens`, each in front of a pool of its own, both at once in one
 window. The headline figures are the medians over the runs. Outputs in DIR: gateway.json,
-gateway.png, summary.md, the generated configs and every process's log. Exit status: 0 when every run measured, 1 when a process
-failed or a request of the bench failed, 2 for bad arguments.
+gateway.png, summary.md, the generated configs and every process's log. Exit status: 0 when
+every run measured, 1 when a process failed or a request of the bench failed, 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import math
 import os
 import platform
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -151,6 +153,18 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     return settings
 
 
+def mix_load(target: Target, settings: Mapping[str, Any], max_tokens: int) -> MixLoad:
+    """The accounting mix of `settings` (`resolve`) through `target`, streams of `max_tokens`."""
+    return MixLoad(
+        target,
+        batch_streams=settings["mix_batch_streams"],
+        preemptible_streams=settings["mix_preemptible_streams"],
+        burst_streams=settings["mix_burst_streams"],
+        max_tokens=max_tokens,
+        burst_interval_s=settings["mix_burst_interval_s"],
+    )
+
+
 def _targets(found: Targets) -> list[Target]:
     targets = [
         Target("direct", found.direct, None),
@@ -263,14 +277,7 @@ async def one_run(
         # Both mix gateways carry the mix at once, each in a pool of its own: one window, so
         # that their ratio is measured at the same moments and not across the machine's drift.
         mixes = {
-            name: MixLoad(
-                target,
-                batch_streams=settings["mix_batch_streams"],
-                preemptible_streams=settings["mix_preemptible_streams"],
-                burst_streams=settings["mix_burst_streams"],
-                max_tokens=settings["stream_tokens"],
-                burst_interval_s=settings["mix_burst_interval_s"],
-            )
+            name: mix_load(target, settings, settings["stream_tokens"])
             for name, target in mix_targets.items()
         }
         pauses_before = {name: await _pauses(target) for name, target in mix_targets.items()}
