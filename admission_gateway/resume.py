@@ -49,7 +49,8 @@ COMPLETIONS_DEFAULT_MAX_TOKENS: Final = 16
 """vLLM's `CompletionRequest.max_tokens` default when the key is absent (an explicit null means
 up to the context limit, which the gateway does not know)."""
 
-_DONE_EVENT: Final = b"data: [DONE]\n\n"
+DONE_EVENT: Final = b"data: [DONE]\n\n"
+"""The event that ends an OpenAI stream."""
 
 ASSEMBLED_STREAM_INTERVAL: Final = 16
 """Tokens per upstream chunk when the gateway assembles the answer itself (a client that did
@@ -711,7 +712,7 @@ class Resumption:
         if not self.finished:
             raise RuntimeError("the answer is not finished")
         if self.error is not None:
-            return [_DONE_EVENT]
+            return [DONE_EVENT]
         events: list[bytes] = []
         if self._synthetic_finish:
             events.append(sse_event(self._client_chunk(text="", token_ids=[])))
@@ -724,7 +725,7 @@ class Resumption:
             if self._system_fingerprint is not None:
                 chunk["system_fingerprint"] = self._system_fingerprint
             events.append(sse_event(chunk))
-        events.append(_DONE_EVENT)
+        events.append(DONE_EVENT)
         return events
 
     def response(self) -> dict[str, Any]:

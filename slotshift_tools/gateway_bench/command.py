@@ -27,6 +27,7 @@ import os
 import platform
 import sys
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from slotshift_tools.gateway_bench.measure import (
     Window,
     measure_streams,
     measure_together,
+    non_streamed_after_idle_s,
     non_streamed_s,
     paired_latency,
     ttft_s,
@@ -200,7 +202,14 @@ async def one_run(
             "accounting": {},
         }
         contended: list[str] = []
-        for kind, probe in (("non_streamed", non_streamed_s), ("ttft", ttft_s)):
+        # A TTFT probe's stream idles for one token's interval between its two tokens; the
+        # control idles as long before a non-streamed request.
+        after_idle = partial(non_streamed_after_idle_s, idle_s=1.0 / settings["events_per_s"])
+        for kind, probe in (
+            ("non_streamed", non_streamed_s),
+            ("ttft", ttft_s),
+            ("non_streamed_after_idle", after_idle),
+        ):
             samples = await paired_latency(
                 sessions,
                 targets,

@@ -95,6 +95,23 @@ async def non_streamed_s(
     return ended - started
 
 
+async def non_streamed_after_idle_s(
+    session: aiohttp.ClientSession,
+    target: Target,
+    tenant: str,
+    clock: Clock,
+    *,
+    idle_s: float,
+) -> float:
+    """`non_streamed_s` after `idle_s` of nothing to do: the control of the TTFT probe, whose
+    stream leaves every process idle between its two tokens. On a virtual machine, a process
+    that has been idle for a few milliseconds runs slower for a while (its caches cold, its
+    virtual CPU halted and woken), so a request after an idle spell costs more, through any
+    proxy alike, whatever the proxy does."""
+    await asyncio.sleep(idle_s)
+    return await non_streamed_s(session, target, tenant, clock)
+
+
 async def ttft_s(
     session: aiohttp.ClientSession, target: Target, tenant: str, clock: Clock
 ) -> float:

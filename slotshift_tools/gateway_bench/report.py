@@ -19,6 +19,7 @@ FIGURES = (
     "non_streamed_added_p99_ms",
     "ttft_added_p50_ms",
     "ttft_added_p99_ms",
+    "non_streamed_after_idle_added_p50_ms",
     "cpu_ms_per_1000_events_plain",
     "cpu_ms_per_1000_events_preemptible",
     "interactive_added_ttft_p50_ms_under_batch",
@@ -35,6 +36,9 @@ _LABELS = {
     "non_streamed_added_p99_ms": "added latency p99, non-streamed (ms)",
     "ttft_added_p50_ms": "added TTFT p50 (ms)",
     "ttft_added_p99_ms": "added TTFT p99 (ms)",
+    "non_streamed_after_idle_added_p50_ms": (
+        "added latency p50, non-streamed after a stream's idle (the TTFT's control, ms)"
+    ),
     "cpu_ms_per_1000_events_plain": "CPU per 1,000 relayed events, plain streams (ms)",
     "cpu_ms_per_1000_events_preemptible": "CPU per 1,000 relayed events, preemptible (ms)",
     "interactive_added_ttft_p50_ms_under_batch": "interactive added TTFT p50 under batch (ms)",
@@ -88,6 +92,9 @@ def proxy_figures(run: Mapping[str, Any], proxy: str) -> dict[str, float | None]
         "non_streamed_added_p99_ms": latency["non_streamed"][proxy]["added_p99_ms"],
         "ttft_added_p50_ms": latency["ttft"][proxy]["added_p50_ms"],
         "ttft_added_p99_ms": latency["ttft"][proxy]["added_p99_ms"],
+        "non_streamed_after_idle_added_p50_ms": latency["non_streamed_after_idle"][proxy][
+            "added_p50_ms"
+        ],
         "cpu_ms_per_1000_events_plain": cpu["plain"]["cpu_ms_per_1000_events"],
         "cpu_ms_per_1000_events_preemptible": None
         if preemptible is None
@@ -142,6 +149,7 @@ def plot(figures: Mapping[str, Mapping[str, float | None]], path: Path, title: s
                 ("non-streamed\np99", "non_streamed_added_p99_ms"),
                 ("TTFT\np50", "ttft_added_p50_ms"),
                 ("TTFT\np99", "ttft_added_p99_ms"),
+                ("non-streamed\nafter idle p50", "non_streamed_after_idle_added_p50_ms"),
             ],
         ),
         (

@@ -67,7 +67,7 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
         assert document["figures"]["haproxy"]["cpu_ms_per_1000_events_plain"] >= 0
 
     [run] = document["runs"]
-    for kind in ("non_streamed", "ttft"):
+    for kind in ("non_streamed", "ttft", "non_streamed_after_idle"):
         for target in ["direct", *proxies]:
             assert run["latency"][kind][target]["requests"] >= PAIRS
     for proxy in proxies:

@@ -15,7 +15,10 @@ def _run(scale: float, *, with_preemptible: bool = True) -> dict[str, Any]:
     if with_preemptible:
         cpu["preemptible"] = {"cpu_ms_per_1000_events": 80.0 * scale}
     return {
-        "latency": {"non_streamed": {"gateway": latency}, "ttft": {"gateway": latency}},
+        "latency": {
+            kind: {"gateway": latency}
+            for kind in ("non_streamed", "ttft", "non_streamed_after_idle")
+        },
         "cpu": {"gateway": cpu},
         "interference": {"gateway": {"added_p50_ms": 0.5 * scale, "added_p99_ms": 3.0 * scale}},
         "accounting": {
@@ -41,8 +44,8 @@ def test_each_figure_is_the_median_over_the_runs() -> None:
 
 def test_the_accounting_price_is_the_gateways_alone() -> None:
     run = _run(1.0)
-    run["latency"]["non_streamed"]["haproxy"] = run["latency"]["non_streamed"]["gateway"]
-    run["latency"]["ttft"]["haproxy"] = run["latency"]["ttft"]["gateway"]
+    for kind in run["latency"].values():
+        kind["haproxy"] = kind["gateway"]
     run["cpu"]["haproxy"] = run["cpu"]["gateway"]
     figures = summary([run], ["gateway", "haproxy"])
     assert figures["gateway"]["token_accounting_cpu_percent"] == pytest.approx(5.0)
