@@ -6,7 +6,9 @@ It follows Kubernetes API Priority and Fairness's borrowing (KEP-1040) where tha
   a reserve (APF's MinCL; Kueue's lendingLimit seen from the lender's side), or the reserve is
   learned from the tenant's own bursts (`learned_reserves`, controlplane/core/learned_reserves.py);
   a reserve is lent only to preemptible tenants, whose borrowed work is paused as soon as the
-  lender needs it back (the reserve rule, controlplane/core/reserves.py);
+  lender needs it back (the reserve rule, controlplane/core/reserves.py); a tenant whose p99 is
+  over its SLO keeps its reserve times its SLO pressure (below), up to its nominal share, so
+  that a reserve too small for its bursts grows while they wait and shrinks back once within;
 - `borrowing_limit_percent` caps what it may hold above its nominal share (APF's MaxCL);
 - a tenant's demand is smoothed so that it rises at once and decays with a half-life;
 - a tenant that asks for no more than its nominal share gets what it asks at once (APF's
@@ -82,7 +84,10 @@ class SloPolicy:
         load = _Loads.of(snapshot.tenants, columns.names)
         bursts, learned = _learn_reserves(pool, columns, load, previous, snapshot.now_s)
         base_reserve = columns.configured_reserve if learned is None else columns.column(learned)
-        reserve = np.minimum(base_reserve, columns.borrowing_upper)
+        pressure = _slo_pressure(columns, load, settings.slo_boost)
+        reserve = np.minimum(
+            _grown_reserve(base_reserve, nominal, pressure), columns.borrowing_upper
+        )
         bound_upper = np.maximum(columns.borrowing_upper, nominal)
         smoothed = _smooth(load.demand, columns.names, previous, snapshot.now_s, settings)
         next_state = SloPolicyState(
@@ -102,7 +107,6 @@ class SloPolicy:
 
         preemptible = columns.preemptible
         owed = _owed(columns, reserve, load.demand)
-        pressure = _slo_pressure(columns, load, settings.slo_boost)
         saturated = _saturated(snapshot, settings, pool.budget_slots)
         current = columns.column(snapshot.current_limits, default=nominal)
         # Borrowing grows by at most one step a decision, and not at all while the engine is
@@ -197,6 +201,16 @@ def _learn_reserves(
             configured_slots=configured[index],
         )
     return bursts, reserves
+
+
+def _grown_reserve(reserve: Counts, nominal: Counts, pressure: Floats) -> Counts:
+    """Each tenant's reserve times its SLO pressure, rounded up, up to its nominal share (never
+    below the reserve): a tenant over its SLO while holding its reserve is still waiting for
+    slots, so the headroom its bursts find free grows with how far over it is, and shrinks back
+    once it is within its SLO."""
+    grown = np.minimum(np.ceil(reserve * pressure).astype(np.int64), nominal)
+    result: Counts = np.maximum(reserve, grown)
+    return result
 
 
 def _owed(columns: PoolColumns, reserve: Counts, demand: Counts) -> Counts:

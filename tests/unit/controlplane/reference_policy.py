@@ -193,7 +193,13 @@ class ReferenceSloPolicy:
         nominal = nominal_shares(pool)
         loads = {t.name: snapshot.tenants.get(t.name, TenantLoad()) for t in pool.tenants}
         bursts, learned = _learn_reserves(pool, loads, previous, snapshot.now_s, nominal)
-        bounds = {t.name: _bounds(pool, t, nominal[t.name], learned) for t in pool.tenants}
+        pressure = {
+            t.name: _slo_pressure(t, loads[t.name], settings.slo_boost) for t in pool.tenants
+        }
+        bounds = {
+            t.name: _bounds(pool, t, nominal[t.name], learned, pressure[t.name])
+            for t in pool.tenants
+        }
         reserves = {name: b.reserve for name, b in bounds.items()}
         smoothed = _smooth(loads, previous, snapshot.now_s, settings.demand_half_life_s)
         next_state = SloPolicyState(
@@ -212,9 +218,6 @@ class ReferenceSloPolicy:
         owed = {
             t.name: _owed(t, nominal[t.name], bounds[t.name], loads[t.name], preemptible)
             for t in pool.tenants
-        }
-        pressure = {
-            t.name: _slo_pressure(t, loads[t.name], settings.slo_boost) for t in pool.tenants
         }
         saturated = _saturated(snapshot, settings, pool.budget_slots)
         upper = {}
@@ -349,9 +352,15 @@ def _lend_reserves_to_preemptible(
 
 
 def _bounds(
-    pool: PoolConfig, tenant: TenantConfig, nominal: int, learned: Mapping[str, int] | None
+    pool: PoolConfig,
+    tenant: TenantConfig,
+    nominal: int,
+    learned: Mapping[str, int] | None,
+    pressure: float,
 ) -> _Bounds:
     reserve = configured_reserve(tenant, nominal) if learned is None else learned[tenant.name]
+    # Over its SLO, the reserve grows with the pressure, up to the nominal share.
+    reserve = max(reserve, min(math.ceil(reserve * pressure), nominal))
     ceiling = pool.ceiling_of(tenant)
     if tenant.borrowing_limit_percent is None:
         upper = ceiling

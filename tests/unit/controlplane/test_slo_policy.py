@@ -357,3 +357,23 @@ def test_the_full_share_hold_can_be_switched_off() -> None:
     loads = {"A": TenantLoad(in_flight=40), "B": TenantLoad(in_flight=48, queued=100)}
     limits, _ = _decide(pool, loads, {"A": 48, "B": 48})
     assert limits["B"] > 48
+
+
+@pytest.mark.parametrize(
+    ("p99_ms", "reserve"),
+    [
+        pytest.param(150.0, 12, id="within its SLO: the configured reserve"),
+        pytest.param(250.0, 18, id="25% over: x1.5 (slo_boost 2)"),
+        pytest.param(2000.0, 48, id="far over: up to its nominal share"),
+    ],
+)
+def test_a_lender_over_its_slo_holds_a_reserve_grown_by_its_pressure(
+    p99_ms: float, reserve: int
+) -> None:
+    """A's reserve is a quarter of its share (12); while its p99 TTFT is over its objective, its
+    bursts outgrow the reserve, so the reserve grows with the SLO pressure, up to the share."""
+    pool = _with_preemptible_b(_pool(lendable_percent=75, ttft_slo_ms=200))
+    ttft = LatencySummary(count=50, p99_ms=p99_ms)
+    loads = {"A": TenantLoad(in_flight=2, ttft=ttft), "B": TenantLoad(in_flight=84, queued=100)}
+    limits, _ = _decide(pool, loads, {"A": 12, "B": 84})
+    assert limits["A"] == reserve
