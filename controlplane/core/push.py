@@ -112,3 +112,30 @@ def next_push(pushed: GatewayRow | None, row: GatewayRow, waiting: Waiting | Non
         or bool(granted.any())
     )
     return Push(columns=columns, urgent=urgent)
+
+
+class PushSlots:
+    """One gateway stream's push slots: when an update that may wait may go out next.
+
+    Every update, urgent or not, takes the next slot of a ledger that advances by `interval_s`
+    a send (a token bucket that urgent updates may overdraw: they go at once). An update that
+    may wait goes at the ledger's slot, but never later than `most_ahead` intervals after the
+    last send, so that a burst of urgent updates does not hold the next change for long; the
+    ledger keeps the debt beyond that, and the held updates after it pay it back (each goes at
+    most `most_ahead` intervals after the one before). So while urgent updates alone come at
+    most once every `most_ahead` intervals, a gateway gets at most one update per interval
+    over time, plus one."""
+
+    __slots__ = ("_interval_s", "_ledger_s", "_most_ahead_s", "free_at_s")
+
+    def __init__(self, interval_s: float, *, most_ahead: int = 2) -> None:
+        self._interval_s = interval_s
+        self._most_ahead_s = most_ahead * interval_s
+        self._ledger_s = -float("inf")
+        self.free_at_s = -float("inf")
+        """When an update that may wait may go out (clock seconds)."""
+
+    def took(self, now_s: float) -> None:
+        """An update went out at `now_s`."""
+        self._ledger_s = max(self._ledger_s, now_s) + self._interval_s
+        self.free_at_s = min(self._ledger_s, now_s + self._most_ahead_s)

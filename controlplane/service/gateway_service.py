@@ -10,7 +10,7 @@ import grpc
 from opentelemetry import trace
 
 from controlplane.core.allocation import Allocation
-from controlplane.core.push import GatewayRow, Push, Waiting, next_push
+from controlplane.core.push import GatewayRow, Push, PushSlots, Waiting, next_push
 from controlplane.core.stream_identity import StreamRole
 from controlplane.pool_state import PoolState
 from controlplane.registry import Delivery, GatewaySession
@@ -27,9 +27,6 @@ from slotshift.trace_context import (
 )
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
 from slotshift.wire import demand_from_proto, from_timestamp
-
-_MOST_SLOTS_AHEAD = 2
-"""How many push slots urgent updates may take ahead of time (see GatewayStreamService._write)."""
 
 AckObserver = Callable[[str, float], None]
 """Called with (pool, seconds from publishing a version to the gateway's acknowledgement)."""
@@ -206,11 +203,11 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         sink: UpdateSink,
     ) -> None:
         """Send what lands in the session's mailbox: the first update whole, then only what
-        changed; one that may wait (core/push.py) waits for the gateway's next push slot,
-        and goes out carrying the newest limits then. An urgent one goes at once and takes the
-        next slot (at most `_MOST_SLOTS_AHEAD` slots ahead)."""
+        changed; one that may wait (core/push.py) waits for the gateway's next push slot
+        (PushSlots), and goes out carrying the newest limits then. An urgent one goes at once
+        and takes the next slot."""
         pushed: GatewayRow | None = None
-        next_slot_s = 0.0
+        slots = PushSlots(self._push_min_interval_s)
         mailbox = session.mailbox
         while (delivery := await mailbox.take()) is not None:
             target = _row_of(delivery, session.gateway_id)
@@ -224,8 +221,8 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             # A new directory (a key added or revoked) goes out even with no limit moved.
             if push.columns is not None and push.columns.size == 0 and session.directory is None:
                 continue
-            while not push.urgent and self._clock.monotonic() < next_slot_s:
-                await mailbox.wait_ready(next_slot_s - self._clock.monotonic())
+            while not push.urgent and self._clock.monotonic() < slots.free_at_s:
+                await mailbox.wait_ready(slots.free_at_s - self._clock.monotonic())
                 if mailbox.closed:
                     return
                 newer = mailbox.take_nowait()
@@ -243,15 +240,7 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 )
             await self._push(delivery, session.gateway_id, target, push, sink)
             pushed = target
-            # A token bucket that urgent updates may overdraw: each update, urgent or not, takes
-            # the next slot, so that over time a gateway gets at most one update per interval
-            # plus what is urgent beyond that; the debt is capped so that a burst of urgent
-            # updates does not hold the next change that may wait for long.
-            now = self._clock.monotonic()
-            next_slot_s = min(
-                max(next_slot_s, now) + self._push_min_interval_s,
-                now + _MOST_SLOTS_AHEAD * self._push_min_interval_s,
-            )
+            slots.took(self._clock.monotonic())
 
     async def _push(
         self,

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.core.allocation import NO_PAUSE
-from controlplane.core.push import GatewayRow, Waiting, next_push
+from controlplane.core.push import GatewayRow, PushSlots, Waiting, next_push
 
 TENANTS = ("A", "B", "C", "D")
 
@@ -131,3 +131,70 @@ def test_next_push_names_exactly_what_moved_and_is_urgent_exactly_when_it_must(
         for i in moved
     )
     assert push.urgent == must
+
+
+def _pushed(offers: list[tuple[float, bool]], interval_s: float) -> list[tuple[float, bool]]:
+    """When a gateway stream's writer sends, for updates offered at (time, urgent): an urgent one
+    at once, one that may wait at its push slot, replaced by whatever comes meanwhile (the
+    writer's loop in controlplane/service/gateway_service.py, in virtual time)."""
+    slots = PushSlots(interval_s)
+    sent: list[tuple[float, bool]] = []
+    held_since: float | None = None
+    index = 0
+    while index < len(offers) or held_since is not None:
+        due = None if held_since is None else max(held_since, slots.free_at_s)
+        if index < len(offers) and (due is None or offers[index][0] < due):
+            at, urgent = offers[index]
+            index += 1
+            if urgent:
+                sent.append((at, True))
+                slots.took(at)
+                held_since = None
+            elif held_since is None:
+                held_since = at
+        else:
+            assert due is not None
+            sent.append((due, False))
+            slots.took(due)
+            held_since = None
+    return sent
+
+
+BURST = 4
+"""Urgent updates in the property test below: at most one per two intervals over time, in
+bursts of up to this many at once."""
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.0, 0.5), st.integers(1, BURST)), min_size=1, max_size=40))
+def test_push_slots_keep_a_gateway_at_one_update_an_interval_while_urgent_ones_go_at_once(
+    bursts: list[tuple[float, int]],
+) -> None:
+    interval = 0.1
+    # Something that may wait is always on offer (demand moving between gateways), and urgent
+    # updates come in bursts: never held, only their own rate can bound a gateway's, so they
+    # come at most once per two intervals over time (after bursts of up to BURST).
+    urgent: list[tuple[float, bool]] = []
+    now = 0.0
+    for gap, burst in bursts:
+        now += gap
+        allowed = min(burst, int(now / (2 * interval) + BURST) - len(urgent))
+        urgent += [(now, True)] * max(0, allowed)
+    # Then a quiet tail of only what may wait, long enough to pay back any debt.
+    end = now + 2 * interval * (len(urgent) + 2)
+    held = [(step * interval / 10 + 1e-4, False) for step in range(int(end / interval * 10))]
+    offers = sorted(urgent + held)
+    sent = _pushed(offers, interval)
+    assert [at for at, at_once in sent if at_once] == [at for at, at_once in offers if at_once]
+    # The debt urgent updates ran up is paid back by the held ones, not forgiven: over the
+    # run, one update an interval (plus the first).
+    assert len(sent) <= (sent[-1][0] - sent[0][0]) / interval + 1 + 1e-9
+    for (at, at_once), (before, _) in zip(sent[1:], sent, strict=False):
+        if not at_once:
+            # A held update waits at most two intervals after the send before it.
+            assert at <= max(before + 2 * interval, _offered_before(offers, at)) + 1e-9
+
+
+def _offered_before(offers: list[tuple[float, bool]], at: float) -> float:
+    """The latest offer at or before `at`."""
+    return max(t for t, _ in offers if t <= at + 1e-12)
