@@ -2,8 +2,9 @@
 
     slotshift bench-gateway --out DIR [--runs 3] [--pairs 2000] [--quick] [--no-haproxy]
 
-Each run measures, in order: non-streamed latency and TTFT (`--pairs` interleaved requests per
-target), CPU per 1,000 relayed events over `--window-s` of concurrent streams (plain and
+Each run measures, in order: non-streamed latency, TTFT, and the TTFT's control, a non-streamed
+request after as long an idle as the TTFT probe's stream has between its tokens (`--pairs`
+interleaved requests per target each), CPU per 1,000 relayed events over `--window-s` of concurrent streams (plain and
 preemptible tenants through the gateway, plain through HAProxy, and direct for the upstream's and
 the harness's own cost), and the interactive tenant's TTFT while the batch tenant streams
 `--batch-events-per-s` through the gateway (and through HAProxy), and the price of token
@@ -35,6 +36,7 @@ import aiohttp
 
 from slotshift.clock import Clock, SystemClock
 from slotshift_tools.gateway_bench.measure import (
+    TTFT_MAX_TOKENS,
     BenchRequestError,
     Load,
     StreamLoad,
@@ -202,9 +204,10 @@ async def one_run(
             "accounting": {},
         }
         contended: list[str] = []
-        # A TTFT probe's stream idles for one token's interval between its two tokens; the
-        # control idles as long before a non-streamed request.
-        after_idle = partial(non_streamed_after_idle_s, idle_s=1.0 / settings["events_per_s"])
+        # A TTFT probe's stream idles between its tokens; the control idles as long before a
+        # non-streamed request.
+        stream_idle_s = (TTFT_MAX_TOKENS - 1) / settings["events_per_s"]
+        after_idle = partial(non_streamed_after_idle_s, idle_s=stream_idle_s)
         for kind, probe in (
             ("non_streamed", non_streamed_s),
             ("ttft", ttft_s),
