@@ -4,9 +4,9 @@
 
 Each run measures, in order: non-streamed latency, TTFT, and the TTFT's control, a non-streamed
 request after as long an idle as the TTFT probe's stream has between its tokens (`--pairs`
-interleaved requests per target each), CPU per 1,000 relayed events over `--window-s` of concurrent streams (plain and
-preemptible tenants through the gateway, plain through HAProxy, and direct for the upstream's and
-the harness's own cost), and the interactive tenant's TTFT while the batch tenant streams
+interleaved requests per target each), CPU per 1,000 relayed events over `--window-s` of
+concurrent streams (plain and preemptible tenants through the gateway, plain through HAProxy, and
+direct for the upstream's and the harness's own cost), and the interactive tenant's TTFT while the batch tenant streams
 `--batch-events-per-s` through the gateway (and through HAProxy), and the price of token
 accounting: the mixed load of mix.py (plain, cut and paused streams) through two gateways that
 differ only in `gateway.count_tokens`, each in front of a pool of its own, both at once in one
