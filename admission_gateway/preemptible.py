@@ -62,7 +62,7 @@ from admission_gateway.errors import (
 from admission_gateway.figures import RequestObservation
 from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import TenantState
-from admission_gateway.relay import upstream_failed
+from admission_gateway.relay import ImmediateWrites, upstream_failed
 from admission_gateway.resume import (
     COMPLETIONS_PATH,
     SSE_KEEPALIVE,
@@ -71,7 +71,7 @@ from admission_gateway.resume import (
     SseTooLong,
     UpstreamProtocolError,
 )
-from admission_gateway.upstream import EngineClient, EngineCredentialsRefused
+from admission_gateway.upstream import EngineClient, EngineCredentialsRefused, PushedReads
 from slotshift.aiotasks import in_own_task
 from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
@@ -164,6 +164,7 @@ class PreemptibleRelay:
         self._engine = engine
         self._engine_url = engine_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
+        self._timeout_s = upstream_timeout_s
         self._keepalive_s = paused_keepalive_interval_s
         self._tracer = tracer
 
@@ -349,6 +350,8 @@ class PreemptibleRelay:
         ) as span:
             attempt_headers = CIMultiDict(headers)
             inject_into(attempt_headers, span)
+            # Pushed reads are waited for with the attempt's own total timeout.
+            deadline_s = asyncio.get_running_loop().time() + self._timeout_s
             try:
                 upstream = await self._engine.send(
                     "POST",
@@ -369,16 +372,30 @@ class PreemptibleRelay:
             # Pausing closes the connection: the engine aborts the request, and the read
             # below ends at once.
             slot.on_pause(upstream.close, can_pause=resumption.pausable)
+            pushed: PushedReads | None = None
             try:
                 if upstream.status != 200 or upstream.content_type != "text/event-stream":
                     await self._refused(upstream, resumption, slot)
                 elif client is None and resumption.client_streams:
                     client = await _open_stream(request, response_headers)
                 # Read through [DONE] (feed ends the attempt there): the usage chunk that comes
-                # after the finish says what the prefix cache saved.
+                # after the finish says what the prefix cache saved. The reads go to the client
+                # from the engine connection's own read callback while nothing else is asked
+                # (_push_reads); the task goes on reading here once that hands back.
+                pushed = _push_reads(
+                    request, upstream, resumption, slot, client, first_token, observed
+                )
                 while resumption.in_flight and not slot.pause_requested:
                     try:
-                        chunk = await upstream.content.readany()
+                        chunk: bytes | None = None
+                        if pushed is not None:
+                            async with asyncio.timeout_at(deadline_s):
+                                chunk = await pushed.handed_back
+                            pushed = None
+                            if chunk is None:
+                                continue
+                        else:
+                            chunk = await upstream.content.readany()
                     except (aiohttp.ClientError, TimeoutError) as exc:
                         if slot.pause_requested:
                             break
@@ -413,6 +430,8 @@ class PreemptibleRelay:
                 upstream.close()
                 raise
             finally:
+                if pushed is not None:
+                    pushed.stop()
                 slot.on_pause(None)
             if resumption.finished:
                 resumption.attempt_ended()
@@ -521,6 +540,40 @@ class PreemptibleRelay:
         discarded = resumption.discarded_output_tokens
         tenant.discarded_output_tokens_total += discarded - accounted.discarded
         accounted.output, accounted.recomputed, accounted.discarded = output, recomputed, discarded
+
+
+def _push_reads(
+    request: web.Request,
+    upstream: aiohttp.ClientResponse,
+    resumption: Resumption,
+    slot: Slot,
+    client: web.StreamResponse | None,
+    first_token: FirstTokenDetector,
+    observed: RequestObservation,
+) -> PushedReads | None:
+    """The attempt's reads relayed from the engine connection's read callback
+    (upstream.PushedReads) as the task's loop relays them: a read's events to the client in one
+    write, the first token noted. A read goes back to the task unread once a pause was asked
+    for (what the engine sent after the last delivered event is never fed: the continuation
+    starts from what was) or while the client takes no more; the pushing ends when the
+    attempt's [DONE] was fed. None where the task reads (a client stream that is not chunked)."""
+    writes = None
+    if client is not None:
+        writes = ImmediateWrites.of(request, client)
+        if writes is None:
+            return None
+
+    def take(chunk: bytes) -> bool:
+        if slot.pause_requested or (writes is not None and not writes.ready()):
+            return False
+        out = resumption.relay(chunk)
+        if out and writes is not None:
+            writes.write(out)
+            if not first_token.found and first_token.feed(out):
+                observed.first_token()
+        return True
+
+    return PushedReads.start(upstream, take, done=lambda: not resumption.in_flight)
 
 
 async def _open_stream(

@@ -43,7 +43,7 @@ from admission_gateway.errors import (
 )
 from admission_gateway.figures import RequestObservation
 from admission_gateway.resume import DONE_EVENT
-from admission_gateway.upstream import EngineClient
+from admission_gateway.upstream import EngineClient, PushedReads
 from slotshift.aiotasks import in_own_task
 from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
@@ -87,6 +87,7 @@ class EngineRelay:
         self._engine = engine
         self._engine_url = engine_url.rstrip("/")
         self._upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
+        self._upstream_timeout_s = upstream_timeout_s
         self._retry_after = dict(retry_after)
         self._tracer = tracer
 
@@ -135,6 +136,8 @@ class EngineRelay:
         # The engine continues this trace (vLLM does with --otlp-traces-endpoint); the client's
         # own traceparent, if any, is this span's ancestor.
         inject_into(headers, span)
+        # The stream's pushed events are waited for with the request's own total timeout.
+        deadline_s = asyncio.get_running_loop().time() + self._upstream_timeout_s
         try:
             upstream = await self._engine.send(
                 request.method,
@@ -151,7 +154,8 @@ class EngineRelay:
         try:
             if upstream.status == 200 and upstream.content_type == "text/event-stream":
                 return await in_own_task(
-                    self._relay_stream(request, upstream, rid, observed), name=f"relay {rid}"
+                    self._relay_stream(request, upstream, rid, observed, deadline_s),
+                    name=f"relay {rid}",
                 )
             try:
                 content = await upstream.read()
@@ -186,6 +190,7 @@ class EngineRelay:
         upstream: aiohttp.ClientResponse,
         rid: str,
         observed: RequestObservation | None,
+        deadline_s: float,
     ) -> web.StreamResponse:
         response = _EventStream(
             status=upstream.status,
@@ -194,40 +199,111 @@ class EngineRelay:
         response.headers["X-Request-Id"] = rid
         await response.prepare(request)
         content = upstream.content
-        while True:
-            try:
-                chunk = await content.readany()
-            except TimeoutError:
-                upstream.close()
-                return await _end_stream(response, upstream_timeout(), observed)
-            except aiohttp.ClientError as exc:
-                upstream.close()
-                return await _end_stream(response, upstream_failed(exc), observed)
-            # The engine's [DONE] and its end of body mostly come in one read: the client then
-            # gets the last events and the end of the stream in one write (one system call and
-            # one wake-up of the client fewer a stream). Only a read ending in [DONE] is asked
-            # whether the body ended, so other events pay one C call for it.
-            ended = not chunk or (chunk.endswith(DONE_EVENT) and content.at_eof())
-            if observed is not None:
-                if chunk:
-                    chunk = observed.streamed(chunk)
-                if ended:
-                    chunk += observed.streamed(b"")
-            try:
-                if ended:
-                    await response.write_eof(chunk)
-                    break
-                if chunk:
-                    await response.write(chunk)
-            except ConnectionResetError:
-                logger.debug("client went away during stream %s", rid)
-                upstream.close()
+        pushed: PushedReads | None = None
+        push_tried = False
+        try:
+            while True:
+                try:
+                    chunk: bytes | None = None
+                    if pushed is not None:
+                        # The request's timeout, which aiohttp applies to reads it is asked for.
+                        async with asyncio.timeout_at(deadline_s):
+                            chunk = await pushed.handed_back
+                        pushed = None
+                    if chunk is None:
+                        chunk = await content.readany()
+                except TimeoutError:
+                    upstream.close()
+                    return await _end_stream(response, upstream_timeout(), observed)
+                except aiohttp.ClientError as exc:
+                    upstream.close()
+                    return await _end_stream(response, upstream_failed(exc), observed)
+                # The engine's [DONE] and its end of body mostly come in one read: the client
+                # then gets the last events and the end of the stream in one write (one system
+                # call and one wake-up of the client fewer a stream). Only a read ending in
+                # [DONE] is asked whether the body ended, so other events pay one C call for it.
+                ended = not chunk or (chunk.endswith(DONE_EVENT) and content.at_eof())
                 if observed is not None:
-                    observed.cut(Outcome.CANCELLED, "client_disconnected")
-                return response
+                    if chunk:
+                        chunk = observed.streamed(chunk)
+                    if ended:
+                        chunk += observed.streamed(b"")
+                try:
+                    if ended:
+                        await response.write_eof(chunk)
+                        break
+                    if chunk:
+                        await response.write(chunk)
+                except ConnectionResetError:
+                    logger.debug("client went away during stream %s", rid)
+                    upstream.close()
+                    if observed is not None:
+                        observed.cut(Outcome.CANCELLED, "client_disconnected")
+                    return response
+                if not push_tried and chunk:
+                    # The headers went out with this write: the events after it go to the
+                    # client from the engine connection's reads (a read ending in [DONE] comes
+                    # back here, to be joined with the end of the stream).
+                    push_tried = True
+                    pushed = _push_events(request, response, upstream, observed)
+        finally:
+            if pushed is not None:
+                pushed.stop()
         if observed is not None:
             observed.completed()
         return response
+
+
+def _push_events(
+    request: web.Request,
+    response: web.StreamResponse,
+    upstream: aiohttp.ClientResponse,
+    observed: RequestObservation | None,
+) -> PushedReads | None:
+    """`upstream`'s events written to `response`'s client from its connection's reads."""
+    client = ImmediateWrites.of(request, response)
+    if client is None:
+        return None
+
+    def take(chunk: bytes) -> bool:
+        if chunk.endswith(DONE_EVENT) or not client.ready():
+            return False
+        if observed is not None:
+            chunk = observed.streamed(chunk)
+        if chunk:
+            client.write(chunk)
+        return True
+
+    return PushedReads.start(upstream, take)
+
+
+class ImmediateWrites:
+    """Writes to a streamed response's client at once, framed as aiohttp frames a chunked body,
+    for a relay that writes from the engine connection's read callback (upstream.PushedReads),
+    where nothing can be awaited: `ready` says whether the client takes more now (False: it is
+    gone, or not keeping up, its transport's buffer over the high-water mark; the relay then
+    writes through aiohttp, which waits for it)."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._high_water = transport.get_write_buffer_limits()[1]
+
+    @classmethod
+    def of(cls, request: web.Request, response: web.StreamResponse) -> ImmediateWrites | None:
+        """For `response`, whose headers have been sent; None when its body is not chunked
+        (an HTTP/1.0 client's ends with the connection) or is compressed."""
+        transport = request.transport
+        chunked = response.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        if not chunked or response.compression or transport is None:
+            return None
+        return cls(transport)
+
+    def ready(self) -> bool:
+        transport = self._transport
+        return not transport.is_closing() and transport.get_write_buffer_size() <= self._high_water
+
+    def write(self, chunk: bytes) -> None:
+        self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
 
 
 class _EventStream(web.StreamResponse):

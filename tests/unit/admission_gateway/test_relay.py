@@ -1,0 +1,228 @@
+"""The streamed relay's pushed events (relay._PushedEvents) against a raw HTTP/1.1 engine on
+port 0 whose pace, size and end each test sets: every byte in order, the pooled connection
+handed back clean, the request's timeout, and a client that stops reading."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from admission_gateway.gateway import AdmissionGateway
+from tests.support import wait_until
+from tests.unit.admission_gateway.conftest import auth, make_config
+
+COMPLETION = {"model": "fake", "user": "A", "prompt": "Hi", "stream": True}
+
+
+def event(index: int, padding: int = 0) -> bytes:
+    choice = {"index": 0, "text": f"t{index} " + "x" * padding, "finish_reason": None}
+    return b"data: " + json.dumps({"id": "c", "choices": [choice]}).encode() + b"\n\n"
+
+
+@dataclass
+class RawEngine:
+    """An engine speaking HTTP/1.1 by hand: each request gets `events` as one chunk each,
+    written one at a time (`yield_between`) or all at once, then [DONE], unless `stall_after`
+    holds the stream open after that many events."""
+
+    events: list[bytes] = field(default_factory=list)
+    yield_between: bool = True
+    stall_after: int | None = None
+    connections: int = 0
+    requests: int = 0
+    writers: list[asyncio.StreamWriter] = field(default_factory=list)
+    server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.writers.append(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                await reader.readexactly(length)
+                self.requests += 1
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n"
+                )
+                for index, data in enumerate(self.events):
+                    if index == self.stall_after:
+                        # Held open until the gateway gives up on it and closes the connection.
+                        await writer.drain()
+                        await reader.read()
+                        return
+                    writer.write(b"%x\r\n%b\r\n" % (len(data), data))
+                    if self.yield_between:
+                        await writer.drain()
+                        await asyncio.sleep(0)
+                writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+@pytest_asyncio.fixture
+async def raw_engine() -> AsyncIterator[RawEngine]:
+    engine = RawEngine()
+    engine.server = await asyncio.start_server(engine.serve, "127.0.0.1", 0)
+    yield engine
+    for writer in engine.writers:
+        writer.close()
+    engine.server.close()
+    await engine.server.wait_closed()
+
+
+@pytest_asyncio.fixture
+async def start(raw_engine: RawEngine) -> AsyncIterator[Callable[..., Awaitable[AdmissionGateway]]]:
+    started: list[AdmissionGateway] = []
+
+    async def start_gateway(**gateway: object) -> AdmissionGateway:
+        instance = AdmissionGateway(make_config(raw_engine.url, **gateway), gateway_id="gw-test")
+        await instance.start()
+        started.append(instance)
+        return instance
+
+    yield start_gateway
+    for instance in started:
+        await instance.stop()
+
+
+@pytest.mark.parametrize("yield_between", [True, False], ids=["one read an event", "bulk"])
+async def test_a_long_stream_arrives_whole_and_in_order_and_its_connection_serves_the_next(
+    raw_engine: RawEngine,
+    start: Callable[..., Awaitable[AdmissionGateway]],
+    yield_between: bool,
+) -> None:
+    raw_engine.events = [event(i) for i in range(500)]
+    raw_engine.yield_between = yield_between
+    gateway = await start()
+    async with aiohttp.ClientSession() as http:
+        for _ in range(2):
+            async with http.post(
+                gateway.url + "/v1/completions", json=COMPLETION, headers=auth("A")
+            ) as response:
+                assert response.status == 200
+                body = await response.read()
+            assert body == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
+    # Both streams on one pooled connection: the first left it as it found it.
+    assert (raw_engine.requests, raw_engine.connections) == (2, 1)
+    await wait_until(lambda: gateway.admission("A").in_flight == 0)
+    assert gateway.admission("A").completed_total == 2
+
+
+async def test_a_stream_that_stalls_after_its_first_events_ends_with_the_timeout_event(
+    raw_engine: RawEngine, start: Callable[..., Awaitable[AdmissionGateway]]
+) -> None:
+    raw_engine.events = [event(i) for i in range(10)]
+    raw_engine.stall_after = 3
+    gateway = await start(upstream_timeout_s=0.5)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(gateway.url + "/v1/completions", json=COMPLETION, headers=auth("A")) as response,
+    ):
+        body = await asyncio.wait_for(response.read(), timeout=10)
+    assert body.startswith(b"".join(raw_engine.events[:3]))
+    last = json.loads(body.rstrip().rsplit(b"\n\n", 1)[-1][6:])
+    assert last["error"]["code"] == "upstream_timeout"
+    await wait_until(lambda: gateway.admission("A").in_flight == 0, message="slot released")
+
+
+async def test_a_client_that_stops_reading_stops_the_engine_and_then_gets_every_byte(
+    raw_engine: RawEngine, start: Callable[..., Awaitable[AdmissionGateway]]
+) -> None:
+    # 48 MB, more than the loopback sockets' buffers hold: while the client reads nothing, the
+    # gateway must stop reading the engine (its connection's reading paused) and hold at most
+    # a few of its buffers' worth itself, then relay every byte once the client reads.
+    raw_engine.events = [event(i, padding=4000) for i in range(12_000)]
+    total = sum(len(data) for data in raw_engine.events) + len(b"data: [DONE]\n\n")
+    gateway = await start()
+    host, port = gateway.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps(COMPLETION).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+        + f"Authorization: {auth('A')['Authorization']}\r\n".encode()
+        + b"Content-Length: %d\r\n\r\n%b" % (len(body), body)
+    )
+    await writer.drain()
+    # The gateway's one engine connection in use, and its one client connection.
+    (engine_client,) = gateway._engines
+    acquired = engine_client._pooled.connector._acquired  # type: ignore[union-attr]
+    try:
+        await wait_until(
+            lambda: any(protocol._reading_paused for protocol in acquired),
+            timeout_s=30,
+            message="the gateway's engine connection paused",
+        )
+        runner = gateway._runner
+        assert runner is not None and runner.server is not None
+        (handler,) = runner.server.connections
+        assert handler.transport is not None
+        assert handler.transport.get_write_buffer_size() < 1_000_000
+        await reader.readuntil(b"\r\n\r\n")
+        relayed = bytearray()
+        while True:
+            size = int(await reader.readuntil(b"\r\n"), 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            relayed += chunk[:-2]
+        assert len(relayed) == total
+        assert bytes(relayed) == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
+    finally:
+        writer.close()
+
+
+def token_event(index: int) -> bytes:
+    choice = {"index": 0, "text": f"t{index} ", "token_ids": [100 + index], "finish_reason": None}
+    return b"data: " + json.dumps({"id": "c", "created": 1, "choices": [choice]}).encode() + b"\n\n"
+
+
+async def test_a_preemptible_stream_that_stalls_ends_with_an_error_event_at_its_timeout(
+    raw_engine: RawEngine,
+) -> None:
+    # The preemptible relay pushes its reads too (preemptible._push_reads): its attempt's
+    # timeout must still end a stream the engine stopped sending.
+    raw_engine.events = [token_event(i) for i in range(10)]
+    raw_engine.stall_after = 3
+    config = make_config(raw_engine.url, upstream_timeout_s=0.5)
+    pool = config.pools[0]
+    tenants = [pool.tenants[0], pool.tenants[1].model_copy(update={"preemptible": True})]
+    config = config.model_copy(update={"pools": [pool.model_copy(update={"tenants": tenants})]})
+    gateway = AdmissionGateway(config, gateway_id="gw-test")
+    await gateway.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                gateway.url + "/v1/completions",
+                json={"model": "fake", "prompt": [1, 2, 3], "max_tokens": 10, "stream": True},
+                headers=auth("B"),
+            ) as response,
+        ):
+            assert response.status == 200
+            body = await asyncio.wait_for(response.read(), timeout=10)
+        texts = [json.loads(line[6:]) for line in body.splitlines() if line.startswith(b"data: {")]
+        assert [t["choices"][0]["text"] for t in texts[:3]] == ["t0 ", "t1 ", "t2 "]
+        assert "error" in texts[-1]
+        await wait_until(lambda: gateway.admission("B").in_flight == 0, message="slot released")
+    finally:
+        await gateway.stop()
