@@ -369,10 +369,17 @@ class PreemptibleRelay:
                 lost = not isinstance(exc, EngineCredentialsRefused)
                 raise _Ended(upstream_failed(exc), engine_lost=lost) from None
             span.set_attribute("http.response.status_code", upstream.status)
-            # Pausing closes the connection: the engine aborts the request, and the read
-            # below ends at once.
-            slot.on_pause(upstream.close, can_pause=resumption.pausable)
             pushed: PushedReads | None = None
+
+            def pause() -> None:
+                # Closing the connection is what makes the engine abort the request; the
+                # read below ends at once (a pushed one is woken here: an https connection's
+                # end can wait for the engine's TLS close).
+                upstream.close()
+                if pushed is not None:
+                    pushed.hand_back(None)
+
+            slot.on_pause(pause, can_pause=resumption.pausable)
             try:
                 if upstream.status != 200 or upstream.content_type != "text/event-stream":
                     await self._refused(upstream, resumption, slot)

@@ -128,6 +128,8 @@ class PushedReads:
         self._take = take
         self._done = done
         self._protocol: _EngineProtocol | None = None
+        self._taking = False
+        self._again = False
         self.handed_back: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         """The bytes the task is to relay next (b"": the body ended), or None: nothing; read."""
 
@@ -167,21 +169,38 @@ class PushedReads:
     def _after_read(self) -> None:
         if self._protocol is None:
             return
-        content = self._content
+        if self._taking:
+            # Called again from within: taking the bytes can resume a paused connection, and
+            # aiohttp then parses what it held back at once. The outer call takes that too.
+            self._again = True
+            return
+        self._taking = True
         try:
-            if content.exception() is not None:
-                self.hand_back(None)
-                return
-            chunk = content.read_nowait(-1)
-            if content.is_eof() or (chunk and not self._take(chunk)):
-                self.hand_back(chunk)
-            elif self._done is not None and self._done():
-                self.hand_back(None)
+            self._again = True
+            while self._again and self._protocol is not None:
+                self._again = False
+                self._take_buffered()
         except Exception as exc:
             # Raised again in the task: raised here, the loop would close the connection.
             self.stop()
             if not self.handed_back.done():
                 self.handed_back.set_exception(exc)
+        finally:
+            self._taking = False
+
+    def _take_buffered(self) -> None:
+        content = self._content
+        if content.exception() is not None:
+            self.hand_back(None)
+            return
+        # What is buffered now: taking it may resume the connection and buffer more behind it.
+        chunk = content.read_nowait(-1)
+        if content.at_eof() or (chunk and not self._take(chunk)):
+            self.hand_back(chunk)
+        elif self._done is not None and self._done():
+            self.hand_back(None)
+        elif content.is_eof():
+            self._again = True
 
 
 def _engine_protocol(loop: asyncio.AbstractEventLoop) -> ResponseHandler:

@@ -1,5 +1,6 @@
-"""The streamed relay's pushed events (relay._PushedEvents) against a raw HTTP/1.1 engine on
-port 0 whose pace, size and end each test sets: every byte in order, the pooled connection
+"""The streamed relays' pushed events (relay._push_events, preemptible._push_reads: the engine
+connection's reads written to the client from its read callback) against a raw HTTP/1.1 engine
+on port 0 whose pace, size and end each test sets: every byte in order, the pooled connection
 handed back clean, the request's timeout, and a client that stops reading."""
 
 from __future__ import annotations
@@ -8,12 +9,14 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
 
 from admission_gateway.gateway import AdmissionGateway
+from admission_gateway.upstream import PushedReads
 from tests.support import wait_until
 from tests.unit.admission_gateway.conftest import auth, make_config
 
@@ -105,14 +108,28 @@ async def start(raw_engine: RawEngine) -> AsyncIterator[Callable[..., Awaitable[
         await instance.stop()
 
 
-@pytest.mark.parametrize("yield_between", [True, False], ids=["one read an event", "bulk"])
+@pytest.mark.parametrize(
+    "yield_between",
+    # "bulk": the whole answer comes with the headers, so the task reads it all itself.
+    [True, False],
+    ids=["one read an event", "bulk"],
+)
 async def test_a_long_stream_arrives_whole_and_in_order_and_its_connection_serves_the_next(
     raw_engine: RawEngine,
     start: Callable[..., Awaitable[AdmissionGateway]],
     yield_between: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     raw_engine.events = [event(i) for i in range(500)]
     raw_engine.yield_between = yield_between
+    started: list[PushedReads | None] = []
+    start_pushing = PushedReads.start.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[PushedReads], *args: Any, **kwargs: Any) -> PushedReads | None:
+        started.append(start_pushing(cls, *args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(PushedReads, "start", classmethod(counted))
     gateway = await start()
     async with aiohttp.ClientSession() as http:
         for _ in range(2):
@@ -124,6 +141,9 @@ async def test_a_long_stream_arrives_whole_and_in_order_and_its_connection_serve
             assert body == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
     # Both streams on one pooled connection: the first left it as it found it.
     assert (raw_engine.requests, raw_engine.connections) == (2, 1)
+    if yield_between:
+        # Both were pushed (after the first event, which goes out with the headers).
+        assert len(started) == 2 and all(p is not None for p in started)
     await wait_until(lambda: gateway.admission("A").in_flight == 0)
     assert gateway.admission("A").completed_total == 2
 
@@ -222,7 +242,8 @@ async def test_a_preemptible_stream_that_stalls_ends_with_an_error_event_at_its_
             body = await asyncio.wait_for(response.read(), timeout=10)
         texts = [json.loads(line[6:]) for line in body.splitlines() if line.startswith(b"data: {")]
         assert [t["choices"][0]["text"] for t in texts[:3]] == ["t0 ", "t1 ", "t2 "]
-        assert "error" in texts[-1]
+        # Cut before its [DONE], the attempt ends as one whose engine went away.
+        assert texts[-1]["error"]["code"] == "upstream_unavailable"
         await wait_until(lambda: gateway.admission("B").in_flight == 0, message="slot released")
     finally:
         await gateway.stop()

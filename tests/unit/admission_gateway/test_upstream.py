@@ -23,7 +23,7 @@ import pytest
 import pytest_asyncio
 from pydantic import SecretStr, ValidationError
 
-from admission_gateway.upstream import EngineClient, _Attempt, _never_received
+from admission_gateway.upstream import EngineClient, PushedReads, _Attempt, _never_received
 from slotshift.config import GatewayConfig
 from tests.support import wait_until
 from tests.unit.admission_gateway.conftest import StartGateway, auth
@@ -477,3 +477,93 @@ async def test_a_stream_read_slower_than_it_comes_pauses_and_resumes_its_connect
         server.close()
         await server.wait_closed()
     assert received == count * len(chunk)
+
+
+def _sse_chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+_STREAM_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+)
+
+
+async def test_pushed_reads_are_taken_one_read_at_a_time_and_the_end_is_handed_back() -> None:
+    # The engine sends its next event only once the last one was taken: every event reaches
+    # `take` from the connection's read callback, in order, with no read by the task.
+    events = [b"data: %d\n\n" % i for i in range(50)]
+    taken: list[bytes] = []
+    took = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(_STREAM_HEAD)
+        for data in events:
+            writer.write(_sse_chunk(data))
+            await writer.drain()
+            await took.wait()
+            took.clear()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    def take(chunk: bytes) -> bool:
+        taken.append(chunk)
+        took.set()
+        return True
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
+            response = await client.send(
+                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
+            )
+            pushed = PushedReads.start(response, take)
+            assert pushed is not None
+            assert await asyncio.wait_for(pushed.handed_back, timeout=10) == b""
+            response.release()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert taken == events
+
+
+async def test_pushed_reads_started_on_a_paused_connection_keep_every_byte_in_order() -> None:
+    # More than the reader's high-water mark buffered before the pushing starts: taking it
+    # resumes the connection, and aiohttp parses what it held back from within that call.
+    events = [b"data: %d %b\n\n" % (i, b"x" * 100) for i in range(12_000)]
+    sent = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(_STREAM_HEAD + b"".join(_sse_chunk(d) for d in events) + b"0\r\n\r\n")
+        await writer.drain()
+        sent.set()
+        await reader.read()
+
+    taken: list[bytes] = []
+
+    def take(chunk: bytes) -> bool:
+        taken.append(chunk)
+        return True
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
+            response = await client.send(
+                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
+            )
+            protocol = response.connection.protocol if response.connection else None
+            assert protocol is not None
+            await wait_until(lambda: protocol._reading_paused, message="the reader paused")
+            pushed = PushedReads.start(response, take)
+            assert pushed is not None
+            last = await asyncio.wait_for(pushed.handed_back, timeout=10)
+            assert last is not None
+            response.release()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert b"".join(taken) + last == b"".join(events)
