@@ -28,46 +28,40 @@ TOLERANCES = {"total_output": 0.05, "tenant_output": 0.10, "interactive_median_t
 median TTFT."""
 
 _I12 = "docs/results/issue12/{scenario}/run-{k}/summary.json"
-_SEED_REPEATS = "docs/results/seed/repeats/run-{k}.json"
+_LIVE = "docs/results/fidelity-live/{scenario}/run-{k}/summary.json"
+
+
+def _runs(scenario: str, pattern: str) -> dict[str, list[str]]:
+    return {"files": [pattern.format(scenario=scenario, k=k) for k in (1, 2, 3)]}
+
 
 SOURCES: dict[str, dict[str, Any]] = {
     "seed": {
         "interactive": "A",
         "runs": {
-            "static": {"files": [_I12.format(scenario="seed", k=k) for k in (1, 2, 3)]},
-            "slo": {"files": [_I12.format(scenario="seed", k=k) for k in (1, 2, 3)]},
-            # Recorded before issue 12 made B preemptible: the twin runs that scenario.
-            "demand": {
-                "files": [_SEED_REPEATS.format(k=k) for k in (1, 2, 3)],
-                "tenant_overrides": {"B": {"preemptible": False}},
-            },
-            "pool": {
-                "files": [_SEED_REPEATS.format(k=k) for k in (1, 2, 3)],
-                "tenant_overrides": {"B": {"preemptible": False}},
-            },
+            "static": _runs("seed-static-slo", _LIVE),
+            "slo": _runs("seed-static-slo", _LIVE),
+            "demand": _runs("seed", _LIVE),
+            "pool": _runs("seed", _LIVE),
         },
     },
-    "burst-full-share": {
-        "interactive": "A",
-        "runs": {
-            "static": {"files": [_I12.format(scenario="burst-full-share", k=k) for k in (1, 2, 3)]},
-            "slo": {"files": [_I12.format(scenario="burst-full-share", k=k) for k in (1, 2, 3)]},
-            "demand": {"files": [_I12.format(scenario="burst-full-share", k=1)]},
-            "pool": {"files": [_I12.format(scenario="burst-full-share", k=1)]},
-        },
-    },
-    "idle-then-storm": {
-        "interactive": "A",
-        "runs": {
-            "static": {"files": [_I12.format(scenario="idle-then-storm", k=k) for k in (1, 2, 3)]},
-            "slo": {"files": [_I12.format(scenario="idle-then-storm", k=k) for k in (1, 2, 3)]},
-            "demand": {"files": [_I12.format(scenario="idle-then-storm", k=1)]},
-            "pool": {"files": [_I12.format(scenario="idle-then-storm", k=1)]},
-        },
+    **{
+        scenario: {
+            "interactive": "A",
+            "runs": {
+                "static": _runs(scenario, _I12),
+                "slo": _runs(scenario, _I12),
+                "demand": _runs(scenario, _LIVE),
+                "pool": _runs(scenario, _LIVE),
+            },
+        }
+        for scenario in ("burst-full-share", "idle-then-storm")
     },
 }
-"""Per scenario and run, the recorded live summaries (medians of three where three exist: the
-issue-12 repetitions ran static and slo three times, demand and pool once)."""
+"""Per scenario and run, the recorded live summaries, three of each (medians): the seed's four
+runs and the other scenarios' demand and pool runs made for this comparison
+(docs/results/fidelity-live/, one commit); the other scenarios' static and slo runs are issue
+12's repetitions."""
 
 
 def live_document() -> dict[str, Any]:

@@ -24,20 +24,19 @@ from slotshift_tools.twin.fidelity import FidelityFigures, recorded_scenario, tw
 ROOT = Path(__file__).resolve().parents[4]
 LIVE: dict[str, Any] = json.loads((ROOT / "docs" / "results" / "fidelity-twin.json").read_text())
 
-_HTTP = (
-    "the twin leaves out the HTTP/SSE path (client -> gateway -> engine and the first chunk "
-    "back, on a two-core host shared by five processes); A's TTFT there is one or two engine "
-    "steps of about 12 ms, so a few ms of it are a quarter of the figure"
+_HOST = (
+    "the twin leaves out the host: the HTTP/SSE path (client -> gateway -> engine and the "
+    "first chunk back) and the scheduling delays of five processes on two shared cores (the "
+    "live harness's loop lag p99 11-16 ms in these runs, 4-5 ms in issue 12's of the same "
+    "scenario); A's TTFT there is one or two engine steps of about 12 ms"
 )
 KNOWN_MISSES = {
-    "seed/static/ttft": f"twin 12.5 ms vs live 16.8 ms (-25%): {_HTTP}",
-    "seed/slo/ttft": f"twin 17.5 ms vs live 24.6 ms (-29%): {_HTTP}",
+    "seed/static/ttft": f"twin 12.5 ms vs live 23.5 ms (-47%; -25% against issue 12's runs): {_HOST}",
+    "seed/slo/ttft": f"twin 17.5 ms vs live 37.0 ms (-53%; -29% against issue 12's runs): {_HOST}",
     "seed/demand/ttft": (
-        "twin 17.7 ms vs live 291.6 ms (-94%): A waits for a lent slot in most live bursts and "
-        "in few of the twin's. The live runs are at f458f3a (seed.md); the reclaim path has "
-        "changed since (urgent pushes, paced re-grants, a held update looked at again when a "
-        "queue starts), and no live demand run of today's code is recorded, so which of the "
-        "code and the twin makes the gap is not established"
+        "twin 184.2 ms vs live 236.9 ms (-22%): A waits for slots lent to B in both; live, "
+        "each reclaim's messages (report, decision, push, pause, the engine's abort) cross "
+        f"the same host: {_HOST}"
     ),
 }
 """Comparisons the twin misses, by case id, with the measured gap (fidelity-twin.md)."""
