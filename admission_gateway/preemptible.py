@@ -394,15 +394,14 @@ class PreemptibleRelay:
                 )
                 while resumption.in_flight and not slot.pause_requested:
                     try:
-                        chunk: bytes | None = None
-                        if pushed is not None:
-                            async with asyncio.timeout_at(deadline_s):
-                                chunk = await pushed.handed_back
-                            pushed = None
-                            if chunk is None:
-                                continue
-                        else:
+                        if pushed is None:
                             chunk = await upstream.content.readany()
+                        else:
+                            handed_back = await pushed.wait(deadline_s)
+                            pushed = None
+                            if handed_back is None:
+                                continue
+                            chunk = handed_back
                     except (aiohttp.ClientError, TimeoutError) as exc:
                         if slot.pause_requested:
                             break

@@ -204,12 +204,8 @@ class EngineRelay:
         try:
             while True:
                 try:
-                    chunk: bytes | None = None
-                    if pushed is not None:
-                        # The request's timeout, which aiohttp applies to reads it is asked for.
-                        async with asyncio.timeout_at(deadline_s):
-                            chunk = await pushed.handed_back
-                        pushed = None
+                    chunk = None if pushed is None else await pushed.wait(deadline_s)
+                    pushed = None
                     if chunk is None:
                         chunk = await content.readany()
                 except TimeoutError:

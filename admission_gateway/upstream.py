@@ -152,6 +152,13 @@ class PushedReads:
         pushed._after_read()
         return pushed
 
+    async def wait(self, deadline_s: float) -> bytes | None:
+        """What is handed back (`handed_back`), waited for until `deadline_s` (the loop's
+        clock; TimeoutError after it): aiohttp applies a request's timeout only to the reads
+        it is asked for."""
+        async with asyncio.timeout_at(deadline_s):
+            return await self.handed_back
+
     def stop(self) -> None:
         """No more pushing (call it on every way out: the connection may go back to the pool)."""
         protocol = self._protocol

@@ -13,8 +13,8 @@ import json
 import socket
 import struct
 import threading
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -436,6 +436,27 @@ def test_a_body_that_could_not_be_written_is_never_received_on_any_connection() 
     assert not _never_received(aiohttp.ClientOSError(104, "Connection reset by peer"), fresh)
 
 
+Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def streamed_from(serve: Serve) -> AsyncIterator[aiohttp.ClientResponse]:
+    """A GET through an EngineClient to a raw server that answers with `serve`: the response
+    once its headers are in, released afterwards."""
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
+            response = await client.send(
+                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
+            )
+            yield response
+            response.release()
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_stream_read_slower_than_it_comes_pauses_and_resumes_its_connection() -> None:
     # The engine's connections skip aiohttp's resume call after every read unless something is
     # paused (upstream._EngineProtocol): a stream that outruns its reader must still pause its
@@ -457,25 +478,15 @@ async def test_a_stream_read_slower_than_it_comes_pauses_and_resumes_its_connect
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
-            response = await client.send(
-                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
-            )
-            protocol = response.connection.protocol if response.connection else None
-            assert protocol is not None and type(protocol).__name__ == "_EngineProtocol"
-            first = await response.content.readany()
-            await written.wait()
-            await wait_until(lambda: protocol._reading_paused, message="the transport paused")
-            received = len(first)
-            while data := await response.content.readany():
-                received += len(data)
-            response.release()
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with streamed_from(serve) as response:
+        protocol = response.connection.protocol if response.connection else None
+        assert protocol is not None and type(protocol).__name__ == "_EngineProtocol"
+        first = await response.content.readany()
+        await written.wait()
+        await wait_until(lambda: protocol._reading_paused, message="the transport paused")
+        received = len(first)
+        while data := await response.content.readany():
+            received += len(data)
     assert received == count * len(chunk)
 
 
@@ -512,20 +523,10 @@ async def test_pushed_reads_are_taken_one_read_at_a_time_and_the_end_is_handed_b
         took.set()
         return True
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
-            response = await client.send(
-                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
-            )
-            pushed = PushedReads.start(response, take)
-            assert pushed is not None
-            assert await asyncio.wait_for(pushed.handed_back, timeout=10) == b""
-            response.release()
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with streamed_from(serve) as response:
+        pushed = PushedReads.start(response, take)
+        assert pushed is not None
+        assert await asyncio.wait_for(pushed.handed_back, timeout=10) == b""
     assert taken == events
 
 
@@ -533,13 +534,11 @@ async def test_pushed_reads_started_on_a_paused_connection_keep_every_byte_in_or
     # More than the reader's high-water mark buffered before the pushing starts: taking it
     # resumes the connection, and aiohttp parses what it held back from within that call.
     events = [b"data: %d %b\n\n" % (i, b"x" * 100) for i in range(12_000)]
-    sent = asyncio.Event()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
         writer.write(_STREAM_HEAD + b"".join(_sse_chunk(d) for d in events) + b"0\r\n\r\n")
         await writer.drain()
-        sent.set()
         await reader.read()
 
     taken: list[bytes] = []
@@ -548,22 +547,12 @@ async def test_pushed_reads_started_on_a_paused_connection_keep_every_byte_in_or
         taken.append(chunk)
         return True
 
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
-            response = await client.send(
-                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
-            )
-            protocol = response.connection.protocol if response.connection else None
-            assert protocol is not None
-            await wait_until(lambda: protocol._reading_paused, message="the reader paused")
-            pushed = PushedReads.start(response, take)
-            assert pushed is not None
-            last = await asyncio.wait_for(pushed.handed_back, timeout=10)
-            assert last is not None
-            response.release()
-    finally:
-        server.close()
-        await server.wait_closed()
+    async with streamed_from(serve) as response:
+        protocol = response.connection.protocol if response.connection else None
+        assert protocol is not None
+        await wait_until(lambda: protocol._reading_paused, message="the reader paused")
+        pushed = PushedReads.start(response, take)
+        assert pushed is not None
+        last = await asyncio.wait_for(pushed.handed_back, timeout=10)
+        assert last is not None
     assert b"".join(taken) + last == b"".join(events)
