@@ -182,11 +182,23 @@ class PushedReads:
             self._again = True
             return
         self._taking = True
+        content = self._content
         try:
+            # One pass a read (a loop, not a call: this runs for every relayed event).
             self._again = True
             while self._again and self._protocol is not None:
                 self._again = False
-                self._take_buffered()
+                if content.exception() is not None:
+                    self.hand_back(None)
+                    return
+                # What is buffered now: taking it may resume the connection and buffer more.
+                chunk = content.read_nowait(-1)
+                if content.at_eof() or (chunk and not self._take(chunk)):
+                    self.hand_back(chunk)
+                elif self._done is not None and self._done():
+                    self.hand_back(None)
+                elif content.is_eof():
+                    self._again = True
         except Exception as exc:
             # Raised again in the task: raised here, the loop would close the connection.
             self.stop()
@@ -194,20 +206,6 @@ class PushedReads:
                 self.handed_back.set_exception(exc)
         finally:
             self._taking = False
-
-    def _take_buffered(self) -> None:
-        content = self._content
-        if content.exception() is not None:
-            self.hand_back(None)
-            return
-        # What is buffered now: taking it may resume the connection and buffer more behind it.
-        chunk = content.read_nowait(-1)
-        if content.at_eof() or (chunk and not self._take(chunk)):
-            self.hand_back(chunk)
-        elif self._done is not None and self._done():
-            self.hand_back(None)
-        elif content.is_eof():
-            self._again = True
 
 
 def _engine_protocol(loop: asyncio.AbstractEventLoop) -> ResponseHandler:
