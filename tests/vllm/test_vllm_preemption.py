@@ -30,6 +30,7 @@ import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -40,6 +41,7 @@ from tests.vllm.probes import (
     NOMINAL_SLOTS,
     Sampler,
     gateways_counter,
+    gateways_gauge,
     vllm_counter,
     vllm_snapshot,
     wait_at_rest,
@@ -324,14 +326,26 @@ async def _timeline(stack: VllmStack, sampler: Sampler) -> dict[str, Any]:
         with sampler:
             # A idles while B, backlogged, borrows its share (an answer takes about as long as
             # a decision period or two here: B's load must outlast the decision that lends).
-            borrowers = [
-                asyncio.create_task(
-                    _borrower(session, stack, nonce, lane, burst, sent), name=f"borrower {lane}"
-                )
-                for lane in range(BORROWERS)
-            ]
+            borrowers: list[asyncio.Task[None]] = []
             lenders: list[asyncio.Task[None]] = []
             try:
+                # One lane at a time, each once its first request is in its gateway's hands:
+                # the gateways pause B's youngest by admission, and a completion reaches
+                # admission only after its prompt's /tokenize (preemptible.with_prompt_ids),
+                # which a busy engine answers late. Started at once, every chat would be
+                # admitted before every completion, and only completions would ever pause.
+                for lane in range(BORROWERS):
+                    borrowers.append(
+                        asyncio.create_task(
+                            _borrower(session, stack, nonce, lane, burst, sent),
+                            name=f"borrower {lane}",
+                        )
+                    )
+                    await _until(
+                        partial(_b_arrived, stack, lane + 1),
+                        timeout_s=60,
+                        message=f"B's lane {lane} at its gateway",
+                    )
                 seen: list[float] = []
                 try:
                     await _until(
@@ -369,6 +383,21 @@ async def _timeline(stack: VllmStack, sampler: Sampler) -> dict[str, Any]:
                     raise outcome
         after = await asyncio.to_thread(Counters.read, stack)
     return {"sent": sent, "moved": after - before, "lender": lender}
+
+
+async def _b_arrived(stack: VllmStack, requests: int) -> bool:
+    """Whether the gateways hold at least `requests` of B's, admitted or queued."""
+
+    def held() -> float:
+        return sum(
+            gateways_gauge(stack, family, tenant="B")
+            for family in (
+                "slotshift_gateway_requests_in_flight",
+                "slotshift_gateway_requests_queued",
+            )
+        )
+
+    return await asyncio.to_thread(held) >= requests
 
 
 async def _b_borrows(stack: VllmStack, seen: list[float]) -> bool:
