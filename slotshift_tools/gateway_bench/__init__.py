@@ -1,8 +1,9 @@
 """`slotshift bench-gateway`: what the gateway adds to the data path, beside a C proxy.
 
-Three targets side by side in one run, requests interleaved so that drift hits all alike:
+Four targets side by side in one run, requests interleaved so that drift hits all alike:
 direct to the engine, through one real `slotshift gateway` process (with a real control plane,
-stream authentication on, tracing as configured), and through HAProxy with a static per-tenant
+stream authentication on, tracing as configured), through a bare TCP relay in Python (uvloop,
+no HTTP: the floor under any Python proxy's cost), and through HAProxy with a static per-tenant
 `maxconn` split and `option http-no-delay` (when `haproxy` is installed; the bench says so when
 it is not). The engine is a cheap OpenAI-compatible SSE server in a process of its own (its CPU
 is reported, so that the reader sees it is not the bottleneck).
@@ -10,6 +11,7 @@ is reported, so that the reader sees it is not the bottleneck).
 Roles, one module each:
 - upstream: the SSE server (raw asyncio, pre-rendered chunks at a set pace);
 - haproxy: the HAProxy config (pure) and where the binary is;
+- tcp_relay: the bare TCP relay;
 - stats: the figures' statistics (pure): paired differences, percentiles, medians of runs;
 - processes: the processes under test, started as a user starts them, and their CPU;
 - measure: the client side: sequential latency, concurrent streams, the interference window;

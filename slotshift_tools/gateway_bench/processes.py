@@ -9,6 +9,8 @@
   `gateway.count_tokens` (`gateway-mix-counted`, `gateway-mix-uncounted`), each in front of a
   small pool of its own (`mix_pool`) of the same tenants and upstream, so that the two carry the
   mix at the same time without sharing slots;
+- the bare TCP relay (`python -m slotshift_tools.gateway_bench.tcp_relay`), the floor under
+  any Python proxy's cost;
 - HAProxy (`haproxy -f FILE -db`) with a static split equal to the tenants' nominal shares,
   when the binary is installed.
 
@@ -77,6 +79,7 @@ class Targets:
 
     direct: str
     gateway: str
+    tcp_relay: str
     haproxy: str | None
     keys: dict[str, str]
     mix: dict[str, str]
@@ -155,8 +158,8 @@ class BenchProcesses:
         """Start everything; the targets to measure. BenchProcessError when a process does not
         start or is not ready within the timeout. HAProxy is left out (targets.haproxy None)
         when `with_haproxy` is false or the binary is missing."""
-        engine, grpc_port, metrics_port, gateway_port, haproxy_port, *mix_ports = free_ports(
-            5 + len(MIX_GATEWAYS)
+        engine, grpc_port, metrics_port, gateway_port, relay_port, haproxy_port, *mix_ports = (
+            free_ports(6 + len(MIX_GATEWAYS))
         )
         keys = tenant_keys()
         data = stack_config_data(
@@ -226,6 +229,20 @@ class BenchProcesses:
             mix[name] = f"http://{HOST}:{port}"
         for name, url in mix.items():
             await self._wait(name, partial(_every_tenant_served, url, keys))
+        tcp_relay = f"http://{HOST}:{relay_port}"
+        await self._spawn(
+            "tcp-relay",
+            [
+                sys.executable,
+                "-m",
+                "slotshift_tools.gateway_bench.tcp_relay",
+                "--port",
+                str(relay_port),
+                "--upstream-port",
+                str(engine),
+            ],
+        )
+        await self._wait("tcp-relay", partial(_every_tenant_served, tcp_relay, keys))
 
         haproxy_url: str | None = None
         binary = find_haproxy() if with_haproxy else None
@@ -244,7 +261,14 @@ class BenchProcesses:
             await self._spawn("haproxy", [binary, "-f", str(haproxy_path), "-db"])
             url = haproxy_url
             await self._wait("haproxy", lambda: _every_tenant_served(url, keys))
-        return Targets(direct=direct, gateway=gateway, haproxy=haproxy_url, keys=keys, mix=mix)
+        return Targets(
+            direct=direct,
+            gateway=gateway,
+            tcp_relay=tcp_relay,
+            haproxy=haproxy_url,
+            keys=keys,
+            mix=mix,
+        )
 
     def check_alive(self) -> None:
         """BenchProcessError when a process under test has exited."""

@@ -51,7 +51,7 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     assert document["peers"]["haproxy"]["available"] is haproxy
     if not haproxy:
         assert "haproxy is not installed" in result.stdout
-    proxies = ["gateway", "haproxy"] if haproxy else ["gateway"]
+    proxies = ["gateway", "tcp-relay", "haproxy"] if haproxy else ["gateway", "tcp-relay"]
     assert list(document["figures"]) == proxies
 
     gateway = document["figures"]["gateway"]
@@ -62,6 +62,9 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     # A proxy adds a hop: on a median of paired requests it cannot be faster than direct.
     assert gateway["non_streamed_added_p50_ms"] >= 0
     assert gateway["ttft_added_p50_ms"] >= 0
+    # The floor relays the same events with no HTTP: it costs something, and less than the gateway.
+    floor = document["figures"]["tcp-relay"]["cpu_ms_per_1000_events_plain"]
+    assert 0 < floor < gateway["cpu_ms_per_1000_events_plain"]
     if haproxy:
         # CPU is read in 10 ms ticks: HAProxy's few ms of a quick window may read as none.
         assert document["figures"]["haproxy"]["cpu_ms_per_1000_events_plain"] >= 0
