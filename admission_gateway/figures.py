@@ -208,6 +208,16 @@ class RequestObservation:
                 self._reads_before_first_token += 1
         return chunk
 
+    def streamed_framed(self, read: bytes) -> bool:
+        """Whether a read of the engine's stream, as the engine framed it (HTTP chunks of
+        whole events), may go to the client as it is: the first token has come, and the
+        accounting need not read it (token_usage.UsageScanner.passed); then it is counted as
+        `streamed` counts a read. False (nothing counted): give it to `streamed`, unframed."""
+        if not self._detector.found:
+            return False
+        scanner = self._scanner
+        return scanner is None or scanner.passed(read)
+
     def answered(self, status: int, content: bytes) -> None:
         """The engine's whole answer (not streamed) was read: a success completes the request,
         and its `usage` gives the token counts."""

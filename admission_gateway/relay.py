@@ -70,6 +70,8 @@ no further than the gateway (X-Request-Id is set anew, see `request_id`)."""
 NOT_FORWARDED_DOWNSTREAM = _HOP_BY_HOP | {"content-length", "server", "date", "x-request-id"}
 """Engine headers the client does not get."""
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_EVENT_END_FRAMED = b"\n\n\r\n"
+"""How a framed read whose last chunk ends an SSE event ends."""
 
 
 class EngineRelay:
@@ -270,7 +272,26 @@ def _push_events(
             client.write(chunk)
         return True
 
-    return PushedReads.start(upstream, take)
+    transport, high_water = client.transport, client.high_water
+    framed_counted = None if observed is None else observed.streamed_framed
+
+    def take_framed(read: bytes) -> bool:
+        # The engine's chunks are the client's, so the read goes out as it came, unless it
+        # holds [DONE] (joined with the stream's end), ends inside an event, the client does
+        # not keep up (`client.ready`, inline: this runs for every event), or the accounting
+        # must read it (observed.streamed_framed).
+        if (
+            read.rfind(b"[DONE]") >= 0
+            or not read.endswith(_EVENT_END_FRAMED)
+            or transport.is_closing()
+            or transport.get_write_buffer_size() > high_water
+            or (framed_counted is not None and not framed_counted(read))
+        ):
+            return False
+        transport.write(read)
+        return True
+
+    return PushedReads.start(upstream, take, take_framed=take_framed)
 
 
 class ImmediateWrites:
@@ -281,8 +302,9 @@ class ImmediateWrites:
     writes through aiohttp, which waits for it)."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
-        self._transport = transport
-        self._high_water = transport.get_write_buffer_limits()[1]
+        self.transport = transport
+        self.high_water = transport.get_write_buffer_limits()[1]
+        """`ready` while the transport buffers at most this many bytes."""
 
     @classmethod
     def of(cls, request: web.Request, response: web.StreamResponse) -> ImmediateWrites | None:
@@ -295,11 +317,11 @@ class ImmediateWrites:
         return cls(transport)
 
     def ready(self) -> bool:
-        transport = self._transport
-        return not transport.is_closing() and transport.get_write_buffer_size() <= self._high_water
+        transport = self.transport
+        return not transport.is_closing() and transport.get_write_buffer_size() <= self.high_water
 
     def write(self, chunk: bytes) -> None:
-        self._transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+        self.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
 
 
 class _EventStream(web.StreamResponse):

@@ -111,6 +111,16 @@ class UsageScanner:
             chunk = self._take_usage(chunk, at)
         return chunk
 
+    def passed(self, read: bytes) -> bool:
+        """A read goes to the client as it is (framed, ending an event): counted as a read
+        when nothing of an earlier read waits to be joined to it and it names no usage; False,
+        counting nothing, otherwise (`feed` it then)."""
+        if self._pending or read.rfind(_USAGE_KEY) >= 0:
+            return False
+        self.reads += 1
+        self._last = read
+        return True
+
     @property
     def done(self) -> bool:
         """Whether the stream's last event so far is `[DONE]`."""

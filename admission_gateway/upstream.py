@@ -52,6 +52,7 @@ from aiohttp.tracing import Trace
 from multidict import CIMultiDict
 from pydantic import SecretStr
 
+from admission_gateway.chunked import ChunkedFraming
 from slotshift.config import reveal
 
 logger = logging.getLogger(__name__)
@@ -86,12 +87,31 @@ class _EngineProtocol(ResponseHandler):
     on_read: Callable[[], None] | None = None
     """Called after each read has been parsed (the response's payload fed) and once the
     connection is lost; set by `PushedReads`."""
+    take_framed: Callable[[bytes], bool] | None = None
+    """Offered each read that is whole chunks of the response's body between two chunks
+    (chunked.py), before the parser: True when it took the read, which the parser then never
+    sees (it stays between the same two chunks); set by `PushedReads`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.framing = ChunkedFraming()
+        """Where the current response stands in its chunked framing (`take_framed`)."""
+
+    def set_response_params(self, **params: Any) -> None:
+        # aiohttp makes the response's parser here, before its first byte is read.
+        self.framing.reset()
+        super().set_response_params(**params)
 
     def resume_reading(self, resume_parser: bool = True) -> None:
         if self._reading_paused or self._buffer_paused:
             super().resume_reading(resume_parser)
 
     def data_received(self, data: bytes) -> None:
+        framing = self.framing
+        if framing.following and framing.whole_chunks(data):
+            take_framed = self.take_framed
+            if take_framed is not None and take_framed(data):
+                return
         super().data_received(data)
         on_read = self.on_read
         if on_read is not None:
@@ -112,7 +132,10 @@ class PushedReads:
     and reads the rest itself (`content.readany()`) once it is woken.
 
     `take(chunk)` gets each read's bytes (never b""): True when it took them, False to hand
-    them back to the task unread; it must not wait. Once `done()` (if given) holds after a
+    them back to the task unread; it must not wait. `take_framed(read)`, if given, is offered
+    first each read that is whole chunks of the body, as the engine framed them (chunk size
+    lines included): True when it took the read (the parser never sees it), False to have it
+    parsed and given to `take` as usual; it must not wait either. Once `done()` (if given) holds after a
     take, the pushing ends with nothing handed back (None). What is not a read is handed back
     at once: the body's end (its last bytes, b"" for none, as `readany` gives them), a failed
     read (None: the task's `readany` raises the failure), an error `take` raised (raised by
@@ -139,6 +162,8 @@ class PushedReads:
         response: aiohttp.ClientResponse,
         take: Callable[[bytes], bool],
         done: Callable[[], bool] | None = None,
+        *,
+        take_framed: Callable[[bytes], bool] | None = None,
     ) -> PushedReads | None:
         """Push `response`'s reads from now on (what is buffered first); None when it is not on
         an engine connection of this module's (the caller reads as usual)."""
@@ -150,6 +175,13 @@ class PushedReads:
         pushed._protocol = protocol
         protocol.on_read = pushed._after_read
         pushed._after_read()
+        if take_framed is None:
+            # Nobody will take a read of this response as it is framed: following its framing
+            # would cost every read for nothing.
+            protocol.framing.stop()
+        elif pushed._protocol is not None:
+            # Only once what the parser buffered is taken: a framed read goes out at once.
+            protocol.take_framed = take_framed
         return pushed
 
     async def wait(self, deadline_s: float) -> bytes | None:
@@ -166,6 +198,7 @@ class PushedReads:
             self._protocol = None
             if protocol.on_read == self._after_read:
                 protocol.on_read = None
+                protocol.take_framed = None
 
     def hand_back(self, chunk: bytes | None) -> None:
         """Stop, and wake the task with `chunk` (None: nothing to relay)."""

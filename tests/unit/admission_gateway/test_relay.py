@@ -37,6 +37,8 @@ class RawEngine:
     events: list[bytes] = field(default_factory=list)
     yield_between: bool = True
     stall_after: int | None = None
+    split_from: int | None = None
+    """From this event on, each chunk is written in two halves, one read each."""
     connections: int = 0
     requests: int = 0
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
@@ -70,7 +72,13 @@ class RawEngine:
                         await writer.drain()
                         await reader.read()
                         return
-                    writer.write(b"%x\r\n%b\r\n" % (len(data), data))
+                    framed = b"%x\r\n%b\r\n" % (len(data), data)
+                    if self.split_from is not None and index >= self.split_from:
+                        writer.write(framed[: len(framed) // 2])
+                        await writer.drain()
+                        await asyncio.sleep(0.002)
+                        framed = framed[len(framed) // 2 :]
+                    writer.write(framed)
                     if self.yield_between:
                         await writer.drain()
                         await asyncio.sleep(0)
@@ -122,14 +130,7 @@ async def test_a_long_stream_arrives_whole_and_in_order_and_its_connection_serve
 ) -> None:
     raw_engine.events = [event(i) for i in range(500)]
     raw_engine.yield_between = yield_between
-    started: list[PushedReads | None] = []
-    start_pushing = PushedReads.start.__func__  # type: ignore[attr-defined]
-
-    def counted(cls: type[PushedReads], *args: Any, **kwargs: Any) -> PushedReads | None:
-        started.append(start_pushing(cls, *args, **kwargs))
-        return started[-1]
-
-    monkeypatch.setattr(PushedReads, "start", classmethod(counted))
+    started, framed = _count_pushes(monkeypatch)
     gateway = await start()
     async with aiohttp.ClientSession() as http:
         for _ in range(2):
@@ -142,10 +143,59 @@ async def test_a_long_stream_arrives_whole_and_in_order_and_its_connection_serve
     # Both streams on one pooled connection: the first left it as it found it.
     assert (raw_engine.requests, raw_engine.connections) == (2, 1)
     if yield_between:
-        # Both were pushed (after the first event, which goes out with the headers).
+        # Both were pushed (after the first event, which goes out with the headers), and
+        # nearly every event went out as the engine framed it, without the parser.
         assert len(started) == 2 and all(p is not None for p in started)
+        assert framed[True] >= 2 * 490, framed
     await wait_until(lambda: gateway.admission("A").in_flight == 0)
     assert gateway.admission("A").completed_total == 2
+
+
+def _count_pushes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[list[PushedReads | None], dict[bool, int]]:
+    """Every PushedReads started from now on, and how many events the reads its framed take took
+    (True) and refused (False) held."""
+    started: list[PushedReads | None] = []
+    framed = {True: 0, False: 0}
+    start_pushing = PushedReads.start.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[PushedReads], *args: Any, **kwargs: Any) -> PushedReads | None:
+        take_framed = kwargs.get("take_framed")
+        if take_framed is not None:
+
+            def counting(read: bytes) -> bool:
+                took: bool = take_framed(read)
+                framed[took] += read.count(b"data: ")
+                return took
+
+            kwargs["take_framed"] = counting
+        started.append(start_pushing(cls, *args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(PushedReads, "start", classmethod(counted))
+    return started, framed
+
+
+async def test_a_stream_whose_chunks_arrive_split_is_relayed_whole_by_the_parser(
+    raw_engine: RawEngine,
+    start: Callable[..., Awaitable[AdmissionGateway]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # From the first chunk that comes in two reads on, the gateway cannot know where aiohttp's
+    # parser stands without it: every later read goes to the parser, none out as framed.
+    raw_engine.events = [event(i) for i in range(60)]
+    raw_engine.split_from = 20
+    _, framed = _count_pushes(monkeypatch)
+    gateway = await start()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(gateway.url + "/v1/completions", json=COMPLETION, headers=auth("A")) as response,
+    ):
+        body = await response.read()
+    assert body == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
+    # Events 1 to 19 at most: the first goes out with the headers.
+    assert 10 <= framed[True] <= 19, framed
 
 
 async def test_a_stream_that_stalls_after_its_first_events_ends_with_the_timeout_event(
