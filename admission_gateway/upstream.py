@@ -90,7 +90,8 @@ class _EngineProtocol(ResponseHandler):
     take_framed: Callable[[bytes], bool] | None = None
     """Offered each read that is whole chunks of the response's body between two chunks
     (chunked.py), before the parser: True when it took the read, which the parser then never
-    sees (it stays between the same two chunks); set by `PushedReads`."""
+    sees (it stays between the same two chunks, and a `sock_read` timeout, which the gateway
+    never sets, would not be re-armed by it); set by `PushedReads`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop=loop)
