@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from typing import cast
 
 import uvloop
+
+from slotshift_tools.gateway_bench.upstream import serve_until_signalled
 
 
 class _Side(asyncio.Protocol):
@@ -95,24 +96,10 @@ class _Accepted(_Side):
         self.pair(upstream)
 
 
-async def serve(
-    host: str, port: int, upstream_host: str, upstream_port: int, stop: asyncio.Event
-) -> None:
-    """Relay host:port to upstream_host:upstream_port until `stop` is set."""
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: _Accepted(upstream_host, upstream_port), host, port, backlog=1024
-    )
-    async with server:
-        await stop.wait()
-
-
 async def _main(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    await serve(args.host, args.port, args.upstream_host, args.upstream_port, stop)
+    await serve_until_signalled(
+        lambda: _Accepted(args.upstream_host, args.upstream_port), args.host, args.port
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ import argparse
 import asyncio
 import json
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -366,22 +366,34 @@ class UpstreamProtocol(asyncio.Protocol):
         self._next(generation, index + 1, due_s + self._interval_s)
 
 
-async def serve(host: str, port: int, events_per_s: float, stop: asyncio.Event) -> None:
-    """Serve on host:port until `stop` is set."""
+async def serve_protocol(
+    factory: Callable[[], asyncio.Protocol], host: str, port: int, stop: asyncio.Event
+) -> None:
+    """Serve `factory`'s protocol on host:port until `stop` is set."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: UpstreamProtocol(events_per_s), host, port, backlog=1024
-    )
+    server = await loop.create_server(factory, host, port, backlog=1024)
     async with server:
         await stop.wait()
 
 
-async def _main(args: argparse.Namespace) -> None:
+async def serve_until_signalled(
+    factory: Callable[[], asyncio.Protocol], host: str, port: int
+) -> None:
+    """Serve `factory`'s protocol on host:port until SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await serve(args.host, args.port, args.events_per_s, stop)
+    await serve_protocol(factory, host, port, stop)
+
+
+async def serve(host: str, port: int, events_per_s: float, stop: asyncio.Event) -> None:
+    """Serve on host:port until `stop` is set."""
+    await serve_protocol(lambda: UpstreamProtocol(events_per_s), host, port, stop)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    await serve_until_signalled(lambda: UpstreamProtocol(args.events_per_s), args.host, args.port)
 
 
 def main(argv: list[str] | None = None) -> int:
