@@ -277,12 +277,15 @@ def _push_events(
 
     def take_framed(read: bytes) -> bool:
         # The engine's chunks are the client's, so the read goes out as it came, unless it
-        # holds [DONE] (joined with the stream's end), ends inside an event, the client does
-        # not keep up (`client.ready`, inline: this runs for every event), or the accounting
-        # must read it (observed.streamed_framed).
+        # holds [DONE] (joined with the stream's end), some chunk of it does not end an event
+        # (a chunk's two CRLFs are all it has then, and the searches below see whole events),
+        # the client does not keep up (`client.ready`, inline: this runs for every event), or
+        # the accounting must read it (observed.streamed_framed).
+        line_ends = read.count(b"\r\n")
         if (
             read.rfind(b"[DONE]") >= 0
             or not read.endswith(_EVENT_END_FRAMED)
+            or (line_ends != 2 and line_ends != 2 * read.count(_EVENT_END_FRAMED))
             or transport.is_closing()
             or transport.get_write_buffer_size() > high_water
             or (framed_counted is not None and not framed_counted(read))

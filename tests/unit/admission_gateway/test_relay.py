@@ -39,6 +39,8 @@ class RawEngine:
     stall_after: int | None = None
     split_from: int | None = None
     """From this event on, each chunk is written in two halves, one read each."""
+    chunks_per_event: int = 1
+    """Chunks each event is framed in (written at once)."""
     connections: int = 0
     requests: int = 0
     writers: list[asyncio.StreamWriter] = field(default_factory=list)
@@ -72,7 +74,11 @@ class RawEngine:
                         await writer.drain()
                         await reader.read()
                         return
-                    framed = b"%x\r\n%b\r\n" % (len(data), data)
+                    step = -(-len(data) // self.chunks_per_event)
+                    framed = b"".join(
+                        b"%x\r\n%b\r\n" % (len(part), part)
+                        for part in (data[at : at + step] for at in range(0, len(data), step))
+                    )
                     if self.split_from is not None and index >= self.split_from:
                         writer.write(framed[: len(framed) // 2])
                         await writer.drain()
@@ -196,6 +202,26 @@ async def test_a_stream_whose_chunks_arrive_split_is_relayed_whole_by_the_parser
     assert body == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
     # Events 1 to 19 at most: the first goes out with the headers.
     assert 10 <= framed[True] <= 19, framed
+
+
+async def test_chunks_that_do_not_each_end_an_event_are_parsed_and_relayed_whole(
+    raw_engine: RawEngine,
+    start: Callable[..., Awaitable[AdmissionGateway]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each event split over two chunks, both written at once (one read): the read is whole
+    # chunks and ends an event, but its first chunk does not, so it is not taken as framed.
+    raw_engine.events = [event(i) for i in range(30)]
+    raw_engine.chunks_per_event = 2
+    _, framed = _count_pushes(monkeypatch)
+    gateway = await start()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(gateway.url + "/v1/completions", json=COMPLETION, headers=auth("A")) as response,
+    ):
+        body = await response.read()
+    assert body == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
+    assert framed[True] == 0 and framed[False] > 0, framed
 
 
 async def test_a_stream_that_stalls_after_its_first_events_ends_with_the_timeout_event(
