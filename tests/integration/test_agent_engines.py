@@ -138,10 +138,15 @@ async def test_each_pool_holds_its_own_engines_and_gpus_figures_and_decides_on_t
         await held.content.readline()  # the first chunk: the request runs in the engine
 
         def code_running() -> bool:
+            # Each engine's figures come on a stream of their own: chat's may come after code's.
             record = pools["code"].telemetry
-            return record is not None and record.num_requests_running >= 1
+            return (
+                record is not None
+                and record.num_requests_running >= 1
+                and pools["chat"].telemetry is not None
+            )
 
-        await wait_until(code_running, message="the running request in code's telemetry")
+        await wait_until(code_running, message="chat's figures, and the running request in code's")
         chat, code = pools["chat"].telemetry, pools["code"].telemetry
         assert chat is not None
         assert code is not None
