@@ -136,8 +136,8 @@ class PushedReads:
     them back to the task unread; it must not wait. `take_framed(read)`, if given, is offered
     first each read that is whole chunks of the body, as the engine framed them (chunk size
     lines included): True when it took the read (the parser never sees it), False to have it
-    parsed and given to `take` as usual; it must not wait either. Once `done()` (if given) holds after a
-    take, the pushing ends with nothing handed back (None). What is not a read is handed back
+    parsed and given to `take` as usual; it must not wait either. Once `done()` (if given)
+    holds after a take, the pushing ends with nothing handed back (None). What is not a read is handed back
     at once: the body's end (its last bytes, b"" for none, as `readany` gives them), a failed
     read (None: the task's `readany` raises the failure), an error `take` raised (raised by
     `handed_back`)."""

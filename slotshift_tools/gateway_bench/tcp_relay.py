@@ -75,6 +75,7 @@ class _Accepted(_Side):
         super().__init__()
         self._upstream = (upstream_host, upstream_port)
         self._opening: asyncio.Task[None] | None = None
+        """The task opening the upstream connection, held so that it is not collected."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)

@@ -183,6 +183,15 @@ def _count_pushes(
     return started, framed
 
 
+async def _one_stream(gateway: AdmissionGateway) -> bytes:
+    """The body a client of tenant A reads of one streamed completion through `gateway`."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(gateway.url + "/v1/completions", json=COMPLETION, headers=auth("A")) as response,
+    ):
+        return await response.read()
+
+
 async def test_a_stream_whose_chunks_arrive_split_is_relayed_whole_by_the_parser(
     raw_engine: RawEngine,
     start: Callable[..., Awaitable[AdmissionGateway]],
@@ -193,13 +202,7 @@ async def test_a_stream_whose_chunks_arrive_split_is_relayed_whole_by_the_parser
     raw_engine.events = [event(i) for i in range(60)]
     raw_engine.split_from = 20
     _, framed = _count_pushes(monkeypatch)
-    gateway = await start()
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(gateway.url + "/v1/completions", json=COMPLETION, headers=auth("A")) as response,
-    ):
-        body = await response.read()
-    assert body == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
+    assert await _one_stream(await start()) == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
     # Events 1 to 19 at most: the first goes out with the headers.
     assert 10 <= framed[True] <= 19, framed
 
@@ -214,13 +217,7 @@ async def test_chunks_that_do_not_each_end_an_event_are_parsed_and_relayed_whole
     raw_engine.events = [event(i) for i in range(30)]
     raw_engine.chunks_per_event = 2
     _, framed = _count_pushes(monkeypatch)
-    gateway = await start()
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(gateway.url + "/v1/completions", json=COMPLETION, headers=auth("A")) as response,
-    ):
-        body = await response.read()
-    assert body == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
+    assert await _one_stream(await start()) == b"".join(raw_engine.events) + b"data: [DONE]\n\n"
     assert framed[True] == 0 and framed[False] > 0, framed
 
 
