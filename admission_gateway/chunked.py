@@ -115,3 +115,17 @@ class ChunkedFraming:
         self._state = _OFF
         self._head = b""
         self.following = False
+
+
+def chunks_data(read: bytes) -> bytes:
+    """The data of `read`, one or more whole chunks of a chunked body, none the last, each size
+    line without an extension (what `ChunkedFraming.whole_chunks` placed)."""
+    parts = []
+    at, length = 0, len(read)
+    while at < length:
+        line_end = read.index(b"\r\n", at)
+        start = line_end + 2
+        end = start + int(read[at:line_end], 16)
+        parts.append(read[start:end])
+        at = end + 2
+    return b"".join(parts)

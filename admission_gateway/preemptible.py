@@ -51,6 +51,7 @@ from multidict import CIMultiDict
 from opentelemetry import trace
 
 from admission_gateway.admission import Slot
+from admission_gateway.chunked import chunks_data
 from admission_gateway.errors import (
     OpenAIError,
     engine_failed,
@@ -579,7 +580,20 @@ def _push_reads(
                 observed.first_token()
         return True
 
-    return PushedReads.start(upstream, take, done=lambda: not resumption.in_flight)
+    def take_framed(read: bytes) -> bool:
+        # The read's chunks' data relayed as a parsed read's is, without the parser and the
+        # stream reader. A read that holds [DONE] goes to the parser: the attempt ends there,
+        # and `done` is asked only after a parsed read.
+        if read.rfind(b"[DONE]") >= 0:
+            return False
+        if read.count(b"\r\n") == 2:
+            # One chunk (its size line's CRLF and its end's), what the engine sends most.
+            return take(read[read.index(b"\r\n") + 2 : -2])
+        return take(chunks_data(read))
+
+    return PushedReads.start(
+        upstream, take, done=lambda: not resumption.in_flight, take_framed=take_framed
+    )
 
 
 async def _open_stream(

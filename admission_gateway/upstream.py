@@ -92,6 +92,8 @@ class _EngineProtocol(ResponseHandler):
     (chunked.py), before the parser: True when it took the read, which the parser then never
     sees (it stays between the same two chunks, and a `sock_read` timeout, which the gateway
     never sets, would not be re-armed by it); set by `PushedReads`."""
+    on_framed_error: Callable[[Exception], None] | None = None
+    """Given what `take_framed` raised (the read counts as taken); set by `PushedReads`."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(loop=loop)
@@ -111,8 +113,18 @@ class _EngineProtocol(ResponseHandler):
         framing = self.framing
         if framing.following and framing.whole_chunks(data):
             take_framed = self.take_framed
-            if take_framed is not None and take_framed(data):
-                return
+            if take_framed is not None:
+                # Raised out of here, the error would make the loop close the connection:
+                # the task gets it instead (a try costs nothing until something is raised).
+                try:
+                    if take_framed(data):
+                        return
+                except Exception as exc:
+                    on_error = self.on_framed_error
+                    if on_error is None:
+                        raise
+                    on_error(exc)
+                    return
         super().data_received(data)
         on_read = self.on_read
         if on_read is not None:
@@ -136,7 +148,8 @@ class PushedReads:
     them back to the task unread; it must not wait. `take_framed(read)`, if given, is offered
     first each read that is whole chunks of the body, as the engine framed them (chunk size
     lines included): True when it took the read (the parser never sees it), False to have it
-    parsed and given to `take` as usual; it must not wait either. Once `done()` (if given)
+    parsed and given to `take` as usual; it must not wait either, and what it raises is raised
+    by `handed_back`, as for `take`. Once `done()` (if given)
     holds after a take, the pushing ends with nothing handed back (None). What is not a read is handed back
     at once: the body's end (its last bytes, b"" for none, as `readany` gives them), a failed
     read (None: the task's `readany` raises the failure), an error `take` raised (raised by
@@ -183,6 +196,7 @@ class PushedReads:
         elif pushed._protocol is not None:
             # Only once what the parser buffered is taken: a framed read goes out at once.
             protocol.take_framed = take_framed
+            protocol.on_framed_error = pushed._failed
         return pushed
 
     async def wait(self, deadline_s: float) -> bytes | None:
@@ -200,6 +214,7 @@ class PushedReads:
             if protocol.on_read == self._after_read:
                 protocol.on_read = None
                 protocol.take_framed = None
+                protocol.on_framed_error = None
 
     def hand_back(self, chunk: bytes | None) -> None:
         """Stop, and wake the task with `chunk` (None: nothing to relay)."""
@@ -235,11 +250,15 @@ class PushedReads:
                     self._again = True
         except Exception as exc:
             # Raised again in the task: raised here, the loop would close the connection.
-            self.stop()
-            if not self.handed_back.done():
-                self.handed_back.set_exception(exc)
+            self._failed(exc)
         finally:
             self._taking = False
+
+    def _failed(self, exc: Exception) -> None:
+        """Stop, and raise `exc` in the task."""
+        self.stop()
+        if not self.handed_back.done():
+            self.handed_back.set_exception(exc)
 
 
 def _engine_protocol(loop: asyncio.AbstractEventLoop) -> ResponseHandler:

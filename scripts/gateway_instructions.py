@@ -119,12 +119,21 @@ def main() -> int:
     parser.add_argument("--events-per-s", type=float, default=50.0, help="per stream (default 50)")
     parser.add_argument("--window-s", type=float, default=6.0, help="counted window (default 6)")
     parser.add_argument("--max-tokens", type=int, default=256, help="per stream (default 256)")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        help="copy the callgrind files to this folder (read them with callgrind_annotate)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         print("valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="gateway-instructions-") as folder:
         instructions, events, requests = asyncio.run(measure(args, Path(folder)))
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for found in Path(folder).glob("callgrind.*"):
+                shutil.copy(found, args.keep / found.name)
     print(
         f"streams={args.streams} count_tokens={args.count_tokens} events={events} "
         f"requests={requests} instructions_per_event={instructions / max(1, events):.0f}"

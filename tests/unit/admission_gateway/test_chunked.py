@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from admission_gateway.chunked import ChunkedFraming
+from admission_gateway.chunked import ChunkedFraming, chunks_data
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 LAST = b"0\r\n\r\n"
@@ -97,11 +97,7 @@ def test_a_read_is_placed_exactly_when_the_reads_before_it_ended_between_chunks(
     # The stream cut anywhere into reads: a read is whole chunks only if every cut so far fell
     # between chunks; after the first cut inside a chunk, nothing is placed again.
     body = b"".join(chunk(p) for p in payloads)
-    ends = set()
-    position = 0
-    for payload in payloads:
-        position += len(chunk(payload))
-        ends.add(position)
+    ends = set(_ends(payloads))
     points = [*sorted({c % len(body) for c in cuts} - {0}), len(body)]
     framing = following()
     start, lost = 0, False
@@ -109,5 +105,19 @@ def test_a_read_is_placed_exactly_when_the_reads_before_it_ended_between_chunks(
         placed = framing.whole_chunks(body[start:point])
         expected = not lost and point in ends
         assert placed is expected
+        if placed:
+            # What a placed read holds is its chunks' data, byte for byte (any bytes, CRLFs too).
+            assert chunks_data(body[start:point]) == b"".join(
+                p for p, end in zip(payloads, _ends(payloads), strict=True) if start < end <= point
+            )
         lost = lost or point not in ends
         start = point
+
+
+def _ends(payloads: list[bytes]) -> list[int]:
+    """Where each payload's chunk ends in the body of their chunks."""
+    ends, position = [], 0
+    for payload in payloads:
+        position += len(chunk(payload))
+        ends.append(position)
+    return ends

@@ -111,8 +111,18 @@ async def raw_engine() -> AsyncIterator[RawEngine]:
 async def start(raw_engine: RawEngine) -> AsyncIterator[Callable[..., Awaitable[AdmissionGateway]]]:
     started: list[AdmissionGateway] = []
 
-    async def start_gateway(**gateway: object) -> AdmissionGateway:
-        instance = AdmissionGateway(make_config(raw_engine.url, **gateway), gateway_id="gw-test")
+    async def start_gateway(
+        preemptible: tuple[str, ...] = (), **gateway: object
+    ) -> AdmissionGateway:
+        """A gateway on the raw engine, the tenants named in `preemptible` preemptible."""
+        config = make_config(raw_engine.url, **gateway)
+        pool = config.pools[0]
+        tenants = [
+            t.model_copy(update={"preemptible": True}) if t.name in preemptible else t
+            for t in pool.tenants
+        ]
+        config = config.model_copy(update={"pools": [pool.model_copy(update={"tenants": tenants})]})
+        instance = AdmissionGateway(config, gateway_id="gw-test")
         await instance.start()
         started.append(instance)
         return instance
@@ -289,34 +299,82 @@ def token_event(index: int) -> bytes:
     return b"data: " + json.dumps({"id": "c", "created": 1, "choices": [choice]}).encode() + b"\n\n"
 
 
+async def _preemptible_events(
+    gateway: AdmissionGateway, max_tokens: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """The JSON events a client of tenant B reads of one streamed completion of token ids, and
+    whether the stream ended with [DONE]."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            gateway.url + "/v1/completions",
+            json={"model": "fake", "prompt": [1, 2, 3], "max_tokens": max_tokens, "stream": True},
+            headers=auth("B"),
+        ) as response,
+    ):
+        assert response.status == 200
+        body = await asyncio.wait_for(response.read(), timeout=10)
+    events = [json.loads(line[6:]) for line in body.splitlines() if line.startswith(b"data: {")]
+    return events, body.endswith(b"data: [DONE]\n\n")
+
+
 async def test_a_preemptible_stream_that_stalls_ends_with_an_error_event_at_its_timeout(
     raw_engine: RawEngine,
+    start: Callable[..., Awaitable[AdmissionGateway]],
 ) -> None:
     # The preemptible relay pushes its reads too (preemptible._push_reads): its attempt's
     # timeout must still end a stream the engine stopped sending.
     raw_engine.events = [token_event(i) for i in range(10)]
     raw_engine.stall_after = 3
-    config = make_config(raw_engine.url, upstream_timeout_s=0.5)
-    pool = config.pools[0]
-    tenants = [pool.tenants[0], pool.tenants[1].model_copy(update={"preemptible": True})]
-    config = config.model_copy(update={"pools": [pool.model_copy(update={"tenants": tenants})]})
-    gateway = AdmissionGateway(config, gateway_id="gw-test")
-    await gateway.start()
-    try:
-        async with (
-            aiohttp.ClientSession() as http,
-            http.post(
-                gateway.url + "/v1/completions",
-                json={"model": "fake", "prompt": [1, 2, 3], "max_tokens": 10, "stream": True},
-                headers=auth("B"),
-            ) as response,
-        ):
-            assert response.status == 200
-            body = await asyncio.wait_for(response.read(), timeout=10)
-        texts = [json.loads(line[6:]) for line in body.splitlines() if line.startswith(b"data: {")]
-        assert [t["choices"][0]["text"] for t in texts[:3]] == ["t0 ", "t1 ", "t2 "]
-        # Cut before its [DONE], the attempt ends as one whose engine went away.
-        assert texts[-1]["error"]["code"] == "upstream_unavailable"
-        await wait_until(lambda: gateway.admission("B").in_flight == 0, message="slot released")
-    finally:
-        await gateway.stop()
+    gateway = await start(preemptible=("B",), upstream_timeout_s=0.5)
+    texts, _ = await _preemptible_events(gateway, 10)
+    assert [t["choices"][0]["text"] for t in texts[:3]] == ["t0 ", "t1 ", "t2 "]
+    # Cut before its [DONE], the attempt ends as one whose engine went away.
+    assert texts[-1]["error"]["code"] == "upstream_unavailable"
+    await wait_until(lambda: gateway.admission("B").in_flight == 0, message="slot released")
+
+
+async def test_a_long_preemptible_stream_is_relayed_in_order_from_framed_reads(
+    raw_engine: RawEngine,
+    start: Callable[..., Awaitable[AdmissionGateway]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    raw_engine.events = [token_event(i) for i in range(500)]
+    started, framed = _count_pushes(monkeypatch)
+    gateway = await start(preemptible=("B",))
+    for _ in range(2):
+        texts, done = await _preemptible_events(gateway, 500)
+        assert done
+        # Every token's text in order; the gateway's own closing chunk says no more.
+        assert [t["choices"][0]["text"] for t in texts] == [f"t{i} " for i in range(500)] + [""]
+    # Both on one pooled connection, whose parser the framed reads left between two chunks.
+    assert (raw_engine.requests, raw_engine.connections) == (2, 1)
+    assert len(started) == 2 and all(p is not None for p in started)
+    # Nearly every event went to the relay as the engine framed it, without the parser.
+    assert framed[True] >= 2 * 490, framed
+    await wait_until(lambda: gateway.admission("B").in_flight == 0, message="slot released")
+    assert gateway.admission("B").completed_total == 2
+
+
+async def test_an_unreadable_event_in_a_framed_read_ends_the_preemptible_stream_with_an_error(
+    raw_engine: RawEngine,
+    start: Callable[..., Awaitable[AdmissionGateway]],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What the relay raises for a framed read reaches the attempt's task, as for a parsed one
+    # (raised from the read callback, it would only make the loop close the connection).
+    raw_engine.events = [token_event(i) for i in range(100)]
+    raw_engine.events[50] = b"data: not json\n\n"
+    _, framed = _count_pushes(monkeypatch)
+    gateway = await start(preemptible=("B",))
+    texts, _ = await _preemptible_events(gateway, 100)
+    assert [t["choices"][0]["text"] for t in texts[:-1]] == [f"t{i} " for i in range(50)]
+    assert texts[-1]["error"]["code"] == "upstream_unavailable"
+    # Told as the engine's unreadable answer, not as an engine gone away (which would route
+    # the pool's next requests around it).
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("engine stream unreadable") for m in messages), messages
+    assert not any("routing around it" in m for m in messages), messages
+    assert framed[True] >= 40, framed
+    await wait_until(lambda: gateway.admission("B").in_flight == 0, message="slot released")
