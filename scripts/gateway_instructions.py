@@ -5,6 +5,7 @@ a shared machine (its side-by-side ratios move by +-10% there; instruction count
     python scripts/gateway_instructions.py --streams plain --count-tokens on
     python scripts/gateway_instructions.py --streams plain --count-tokens off
     python scripts/gateway_instructions.py --streams mix --count-tokens on --events-per-s 20
+    python scripts/gateway_instructions.py --streams requests
 
 It starts the bench's processes (slotshift_tools/gateway_bench/processes.py) with one gateway
 under `valgrind --tool=callgrind` (Debian's `valgrind`), turns instrumentation on for
@@ -14,6 +15,8 @@ tenant through the main gateway (tokens counted as `--count-tokens` says), at `-
 each. `mix`: the accounting mix of `slotshift bench-gateway` (gateway_bench/mix.py: plain streams,
 some cut by their client, preemptible ones on borrowed slots that the interactive tenant's bursts
 pause) through the mix gateway that counts tokens (`on`) or the one that does not (`off`).
+`requests`: the bench's non-streamed latency probe, one request after the other (the figure is
+then instructions per request).
 System calls and the kernel's work are not counted: the figure is the Python and C the gateway
 runs. Run it from the checkout to measure (`python -m` starts the
 services from the current folder).
@@ -34,7 +37,7 @@ import aiohttp
 
 from slotshift.clock import SystemClock
 from slotshift_tools.gateway_bench import command, processes
-from slotshift_tools.gateway_bench.measure import StreamLoad, Target
+from slotshift_tools.gateway_bench.measure import StreamLoad, Target, non_streamed_s
 from slotshift_tools.gateway_bench.mix import MixLoad
 
 WARMUP_S = 3.0
@@ -81,8 +84,11 @@ async def measure(args: argparse.Namespace, out: Path) -> tuple[int, int, int]:
     processes._service_argv = argv  # type: ignore[assignment]
     bench = processes.BenchProcesses(out, SystemClock(), ready_timeout_s=300)
     found = await bench.start(budget_slots=96, events_per_s=args.events_per_s, with_haproxy=False)
-    load: StreamLoad | MixLoad
-    if args.streams == "mix":
+    load: StreamLoad | MixLoad | _Sequential
+    if args.streams == "requests":
+        pid = bench.pids["gateway"]
+        load = _Sequential(Target("gateway", found.gateway, found.keys))
+    elif args.streams == "mix":
         pid = bench.pids[mix_gateway]
         # The bench's mix, at the pace and length set here.
         settings = command.resolve(command.build_parser().parse_args([]))
@@ -111,9 +117,39 @@ async def measure(args: argparse.Namespace, out: Path) -> tuple[int, int, int]:
     return sum(_callgrind_totals(p) for p in files), events, requests
 
 
+class _Sequential:
+    """Non-streamed completions of the interactive tenant, one after the other; each counts as
+    one event."""
+
+    def __init__(self, target: Target) -> None:
+        self._target = target
+        self.counter = self
+        self.events = self.requests = 0
+        self.errors: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        self._task = asyncio.create_task(self._run(session), name="sequential-requests")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self, session: aiohttp.ClientSession) -> None:
+        clock = SystemClock()
+        while True:
+            try:
+                await non_streamed_s(session, self._target, processes.INTERACTIVE, clock)
+            except Exception as exc:
+                self.errors.append(repr(exc))
+            self.events += 1
+            self.requests += 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", choices=("plain", "preemptible", "mix"), default="plain")
+    parser.add_argument("--streams", choices=("plain", "preemptible", "mix", "requests"), default="plain")
     parser.add_argument("--count-tokens", choices=("on", "off"), default="on")
     parser.add_argument("--count", type=int, default=4, help="concurrent streams (default 4)")
     parser.add_argument("--events-per-s", type=float, default=50.0, help="per stream (default 50)")

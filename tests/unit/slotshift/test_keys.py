@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slotshift.keys import BearerError, MalformedBearer, MissingBearer, bearer_token, key_digest
 
@@ -41,3 +43,13 @@ def test_bearer_token_refuses_what_carries_no_token(
 ) -> None:
     with pytest.raises(error):
         bearer_token(value)
+
+
+@given(st.text(alphabet=st.sampled_from("ab\t \u00a0\u2003\x1c\x85\u3000-_=Z9"), max_size=12))
+def test_a_token_is_refused_exactly_when_some_character_of_it_is_white_space(text: str) -> None:
+    token = text.strip()
+    if token and not any(c.isspace() for c in token):
+        assert bearer_token("Bearer " + text) == token
+    else:
+        with pytest.raises(BearerError):
+            bearer_token("Bearer " + text)
