@@ -6,7 +6,8 @@ Each run measures, in order: non-streamed latency, TTFT, and the TTFT's control,
 request after as long an idle as the TTFT probe's stream has between its tokens (`--pairs`
 interleaved requests per target each), CPU per 1,000 relayed events over `--window-s` of
 concurrent streams (plain and preemptible tenants through the gateway, plain through the bare
-TCP relay of tcp_relay.py, the floor under any Python proxy, and through HAProxy, and direct for
+TCP relay of tcp_relay.py, the floor under any Python proxy, through the least aiohttp relay of
+aiohttp_relay.py, and through HAProxy, and direct for
 the upstream's and the harness's own cost), and the interactive tenant's TTFT while the batch
 tenant streams `--batch-events-per-s` through each proxy, and the price of token
 accounting: the mixed load of mix.py (plain, cut and paused streams) through two gateways that
@@ -175,6 +176,7 @@ def _targets(found: Targets) -> list[Target]:
         Target("direct", found.direct, None),
         Target("gateway", found.gateway, found.keys),
         Target("tcp-relay", found.tcp_relay, found.keys),
+        Target("aiohttp-relay", found.aiohttp_relay, found.keys),
     ]
     if found.haproxy is not None:
         targets.append(Target("haproxy", found.haproxy, found.keys))

@@ -10,7 +10,9 @@
   small pool of its own (`mix_pool`) of the same tenants and upstream, so that the two carry the
   mix at the same time without sharing slots;
 - the bare TCP relay (`python -m slotshift_tools.gateway_bench.tcp_relay`), the floor under
-  any Python proxy's cost;
+  any Python proxy's cost, and the least relay on aiohttp
+  (`python -m slotshift_tools.gateway_bench.aiohttp_relay`), the floor under a proxy built on
+  aiohttp's server and client, as the gateway is;
 - HAProxy (`haproxy -f FILE -db`) with a static split equal to the tenants' nominal shares,
   when the binary is installed.
 
@@ -80,6 +82,7 @@ class Targets:
     direct: str
     gateway: str
     tcp_relay: str
+    aiohttp_relay: str
     haproxy: str | None
     keys: dict[str, str]
     mix: dict[str, str]
@@ -158,9 +161,16 @@ class BenchProcesses:
         """Start everything; the targets to measure. BenchProcessError when a process does not
         start or is not ready within the timeout. HAProxy is left out (targets.haproxy None)
         when `with_haproxy` is false or the binary is missing."""
-        engine, grpc_port, metrics_port, gateway_port, relay_port, haproxy_port, *mix_ports = (
-            free_ports(6 + len(MIX_GATEWAYS))
-        )
+        (
+            engine,
+            grpc_port,
+            metrics_port,
+            gateway_port,
+            relay_port,
+            aiohttp_relay_port,
+            haproxy_port,
+            *mix_ports,
+        ) = free_ports(7 + len(MIX_GATEWAYS))
         keys = tenant_keys()
         data = stack_config_data(
             budget_slots=budget_slots,
@@ -243,6 +253,20 @@ class BenchProcesses:
             ],
         )
         await self._wait("tcp-relay", partial(_every_tenant_served, tcp_relay, keys))
+        aiohttp_relay = f"http://{HOST}:{aiohttp_relay_port}"
+        await self._spawn(
+            "aiohttp-relay",
+            [
+                sys.executable,
+                "-m",
+                "slotshift_tools.gateway_bench.aiohttp_relay",
+                "--port",
+                str(aiohttp_relay_port),
+                "--upstream-port",
+                str(engine),
+            ],
+        )
+        await self._wait("aiohttp-relay", partial(_every_tenant_served, aiohttp_relay, keys))
 
         haproxy_url: str | None = None
         binary = find_haproxy() if with_haproxy else None
@@ -265,6 +289,7 @@ class BenchProcesses:
             direct=direct,
             gateway=gateway,
             tcp_relay=tcp_relay,
+            aiohttp_relay=aiohttp_relay,
             haproxy=haproxy_url,
             keys=keys,
             mix=mix,

@@ -51,7 +51,7 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     assert document["peers"]["haproxy"]["available"] is haproxy
     if not haproxy:
         assert "haproxy is not installed" in result.stdout
-    proxies = ["gateway", "tcp-relay", "haproxy"] if haproxy else ["gateway", "tcp-relay"]
+    proxies = ["gateway", "tcp-relay", "aiohttp-relay"] + (["haproxy"] if haproxy else [])
     assert list(document["figures"]) == proxies
 
     gateway = document["figures"]["gateway"]
@@ -65,6 +65,8 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     # The floor relays the same events with no HTTP: it costs something, and less than the gateway.
     floor = document["figures"]["tcp-relay"]["cpu_ms_per_1000_events_plain"]
     assert 0 < floor < gateway["cpu_ms_per_1000_events_plain"]
+    # The aiohttp relay relays them through aiohttp's parsers: more than the bare relay's.
+    assert document["figures"]["aiohttp-relay"]["cpu_ms_per_1000_events_plain"] > floor
     if haproxy:
         # CPU is read in 10 ms ticks: HAProxy's few ms of a quick window may read as none.
         assert document["figures"]["haproxy"]["cpu_ms_per_1000_events_plain"] >= 0
