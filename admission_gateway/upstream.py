@@ -423,6 +423,9 @@ def _session(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
         # (not aiohttp's defaults) reach the engine.
         auto_decompress=False,
         skip_auto_headers=("Accept-Encoding", "User-Agent"),
+        # A proxy keeps no cookies: one the engine (or a balancer in front of it) set in an
+        # answer to one tenant would otherwise go with every later tenant's request.
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 

@@ -36,6 +36,8 @@ class FakeEngine:
     """Requests whose client (the gateway) went away before they were answered."""
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     tokenize_status: int = 200
+    set_cookie: str | None = None
+    """A Set-Cookie value every non-streamed answer carries (as a sticky balancer's would)."""
     """What /tokenize answers with: 200 counts a token per character, any other is an error."""
     port: int = 0
     _runner: web.AppRunner | None = None
@@ -117,7 +119,7 @@ class FakeEngine:
             if chat
             else {"index": 0, "text": text, "finish_reason": "stop"}
         )
-        return web.json_response(
+        answer = web.json_response(
             {
                 "id": "cmpl-1",
                 "object": "chat.completion" if chat else "text_completion",
@@ -127,6 +129,9 @@ class FakeEngine:
                 "usage": {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4},
             }
         )
+        if self.set_cookie is not None:
+            answer.headers["Set-Cookie"] = self.set_cookie
+        return answer
 
     async def _stream(self, request: web.Request, chat: bool) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})

@@ -177,6 +177,21 @@ async def test_headers_are_cleaned_and_a_request_id_added(
     assert {k.lower(): v for k, v in engine.headers_seen[-1].items()}["x-request-id"] == "req-42"
 
 
+async def test_a_cookie_the_engine_set_for_one_tenant_never_goes_with_another_tenants_request(
+    start_gateway: StartGateway, engine: FakeEngine
+) -> None:
+    # The client whose answer set it gets it; the gateway keeps no cookie jar of its own.
+    engine.set_cookie = "route=replica-1; Path=/"
+    # By its name: aiohttp's default jar would keep no cookie of an IP address's.
+    gateway = await start_gateway(engine_url=engine.url.replace("127.0.0.1", "localhost"))
+    # Clients that keep no cookies either: a cookie reaching the engine came from the gateway.
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as http:
+        _, _, headers = await post(http, gateway, "/v1/completions", COMPLETION, tenant="A")
+        assert headers["Set-Cookie"] == "route=replica-1; Path=/"
+        await post(http, gateway, "/v1/completions", COMPLETION, tenant="B")
+    assert [k for k in engine.headers_seen[-1] if k.lower() == "cookie"] == []
+
+
 @pytest.mark.parametrize(
     ("headers", "body", "status", "code"),
     [
