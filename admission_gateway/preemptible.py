@@ -31,9 +31,9 @@ waits (`TenantAdmission.take_over`), and the next attempt goes to that pool's en
 client keeps its one stream throughout: the paused keepalive comments while the request waits
 there, then the continuation's events. The continuation is token-exact because replicas of one
 model serve the same model with the same tokenizer (what makes them replicas); the prompt's
-token ids came from the first engine's /tokenize. Without another replica the request fails as
-any other would: 502 (or the engine's 503 where it said so), or an error event where the
-client's stream had begun.
+token ids came from the first engine's stream or its /tokenize. Without another replica the
+request fails as any other would: 502 (or the engine's 503 where it said so), or an error event
+where the client's stream had begun.
 """
 
 from __future__ import annotations
@@ -169,21 +169,15 @@ class PreemptibleRelay:
         self._keepalive_s = paused_keepalive_interval_s
         self._tracer = tracer
 
-    async def with_prompt_ids(
-        self, path: str, document: dict[str, Any], headers: CIMultiDict[str]
-    ) -> dict[str, Any]:
-        """`document` with a completion's text prompt replaced by its token ids, from the
-        engine's POST /tokenize (the same ids a completion of it gets: special tokens as the
-        request says). vLLM 0.32 drops a stream's `prompt_token_ids` when its first output
-        chunk is empty (a prefill split over steps), and without them a paused request could
-        not continue; with ids in the request they are known from the start. Unchanged when
-        it is not a text completion, or when the engine cannot tokenize (the stream's own ids
-        then apply)."""
-        prompt = document.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1:
-            prompt = prompt[0]
-        if path != COMPLETIONS_PATH or not isinstance(prompt, str):
-            return document
+    async def tokenized_prompt(
+        self, path: str, document: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> list[int] | None:
+        """A text completion's prompt as token ids, from the engine's POST /tokenize (the same
+        ids a completion of it gets: special tokens as the request says); None when it is not a
+        text completion, or the engine gives no ids (the stream's own ids then apply)."""
+        prompt = _text_prompt(path, document)
+        if prompt is None:
+            return None
         query = {"prompt": prompt, "add_special_tokens": document.get("add_special_tokens", True)}
         if "model" in document:
             query["model"] = document["model"]
@@ -197,19 +191,26 @@ class PreemptibleRelay:
             )
             async with response:
                 if response.status != 200:
-                    return document
+                    return None
                 tokens = (await response.json())["tokens"]
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             logger.debug("no token ids for a resumable prompt: %s", exc)
-            return document
-        if (
-            not tokens
-            or not isinstance(tokens, list)
-            or not all(isinstance(t, int) for t in tokens)
-        ):
+            return None
+        if not tokens or not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
             # An empty prompt of ids is not resumable, where the text was.
-            return document
-        return {**document, "prompt": tokens}
+            return None
+        return tokens
+
+    async def _take_prompt_ids(
+        self,
+        resumption: Resumption,
+        path: str,
+        document: Mapping[str, Any],
+        headers: Mapping[str, str],
+    ) -> None:
+        ids = await self.tokenized_prompt(path, document, headers)
+        if ids is not None:
+            resumption.take_prompt_ids(ids)
 
     async def serve(
         self,
@@ -237,6 +238,17 @@ class PreemptibleRelay:
             # The caller checked the document; a slot must never outlive its request.
             slot.release()
             raise
+        # A text completion's ids are asked for beside its first attempt, not before its
+        # admission: the answer needs them only once it has output to continue, and a round
+        # trip before admission would delay its first token and admit it after requests that
+        # came later. Until they come, its output (if any) cannot be paused without loss, so
+        # pausable() passes it over.
+        tokenizing: asyncio.Task[None] | None = None
+        if _text_prompt(path, document) is not None:
+            tokenizing = asyncio.create_task(
+                self._take_prompt_ids(resumption, path, document, headers),
+                name=f"tokenize {tenant.name} prompt",
+            )
         client: web.StreamResponse | None = None
         first_token = FirstTokenDetector()
         accounted = _Accounted()
@@ -300,6 +312,12 @@ class PreemptibleRelay:
             return gone.client
         finally:
             slot.release()
+            if tokenizing is not None:
+                # Stopped and waited for: nothing outlives the request (a no-op once done).
+                tokenizing.cancel()
+                await asyncio.wait([tokenizing])
+                if not tokenizing.cancelled() and (failure := tokenizing.exception()) is not None:
+                    logger.warning("asking for a resumable prompt's ids failed: %r", failure)
             observed.counted(
                 prompt_tokens=resumption.prompt_tokens,
                 output_tokens=resumption.generated_tokens,
@@ -604,6 +622,15 @@ async def _open_stream(
     client.content_type = "text/event-stream"
     await client.prepare(request)
     return client
+
+
+def _text_prompt(path: str, document: Mapping[str, Any]) -> str | None:
+    """The prompt of a completion of one text prompt (alone or as a batch of one); None for
+    any other request."""
+    prompt = document.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    return prompt if path == COMPLETIONS_PATH and isinstance(prompt, str) else None
 
 
 def _tracing_only(headers: Mapping[str, str]) -> dict[str, str]:

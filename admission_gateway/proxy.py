@@ -438,9 +438,7 @@ class OpenAIProxy:
         rid = request_id(request)
         headers = forwardable(request.headers, NOT_FORWARDED_UPSTREAM)
         headers["X-Request-Id"] = rid
-        document = await preemptible.with_prompt_ids(path, document, headers)
         tenant = observed.tenant
-        # After with_prompt_ids: a prompt now of ids is counted exactly, with no second call.
         cost_slots = await front.cost_slots(document, span, observed)
         slot = await self._admit(
             front, tenant, span, observed, pausable=True, cost_slots=cost_slots

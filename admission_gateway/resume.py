@@ -30,7 +30,7 @@ reasoning parsers all break.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -484,6 +484,9 @@ class Resumption:
         self._min_tokens = int(body.get("min_tokens") or 0)
 
         self._prompt_ids: list[int] | None = _prompt_ids_of(path, body)
+        self._prompt_ids_tokenized = False
+        """Whether `_prompt_ids` are /tokenize's (`take_prompt_ids`), which the engine's own
+        (a stream's `prompt_token_ids`) replace."""
         self._generated: list[int] = []
         self._text: list[str] = []
         self._output_seen = False
@@ -686,6 +689,20 @@ class Resumption:
         if self.finished:
             return []  # nothing may follow a finish but usage and [DONE]
         return self._take_chunk(attempt, event, choices[0])
+
+    def take_prompt_ids(self, ids: Sequence[int]) -> None:
+        """The original prompt's token ids as the engine's POST /tokenize gave them, for a text
+        completion (vLLM 0.32 drops a stream's `prompt_token_ids` when its first chunk is empty,
+        a prefill split over steps): what a continuation starts from once output was seen.
+        Ignored where the ids are known already (a prompt of ids, or the stream's own); the
+        stream's own, should they come later, replace these."""
+        if self._prompt_ids is not None:
+            return
+        self._prompt_ids = list(ids)
+        self._prompt_ids_tokenized = True
+        attempt = self._attempt
+        if attempt is not None and not attempt.continuation and attempt.prompt_tokens is None:
+            attempt.prompt_tokens = len(self._prompt_ids)
 
     def pause(self) -> None:
         """The gateway paused the attempt in flight (closed its connection); what was received is
@@ -930,12 +947,17 @@ class Resumption:
             raise UpstreamProtocolError("a chunk's text is not a string")
         if role is not None:
             self._role = str(role)
-        if prompt_ids is not None and not attempt.continuation and self._prompt_ids is None:
+        if (
+            prompt_ids is not None
+            and not attempt.continuation
+            and (self._prompt_ids is None or self._prompt_ids_tokenized)
+        ):
             if not _int_list(prompt_ids):
                 raise UpstreamProtocolError("prompt_token_ids is not a list of integers")
+            if attempt.prompt_tokens is None or self._prompt_ids_tokenized:
+                attempt.prompt_tokens = len(prompt_ids)
             self._prompt_ids = list(prompt_ids)
-            if attempt.prompt_tokens is None:
-                attempt.prompt_tokens = len(self._prompt_ids)
+            self._prompt_ids_tokenized = False
         token_ids = choice.get("token_ids")
         if token_ids is None:
             if role is None:

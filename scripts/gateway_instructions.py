@@ -149,7 +149,9 @@ class _Sequential:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--streams", choices=("plain", "preemptible", "mix", "requests"), default="plain")
+    parser.add_argument(
+        "--streams", choices=("plain", "preemptible", "mix", "requests"), default="plain"
+    )
     parser.add_argument("--count-tokens", choices=("on", "off"), default="on")
     parser.add_argument("--count", type=int, default=4, help="concurrent streams (default 4)")
     parser.add_argument("--events-per-s", type=float, default=50.0, help="per stream (default 50)")

@@ -330,10 +330,8 @@ async def _timeline(stack: VllmStack, sampler: Sampler) -> dict[str, Any]:
             lenders: list[asyncio.Task[None]] = []
             try:
                 # One lane at a time, each once its first request is in its gateway's hands:
-                # the gateways pause B's youngest by admission, and a completion reaches
-                # admission only after its prompt's /tokenize (preemptible.with_prompt_ids),
-                # which a busy engine answers late. Started at once, every chat would be
-                # admitted before every completion, and only completions would ever pause.
+                # the gateways pause B's youngest by admission, so the lanes' admission order
+                # is their order here, whatever the shapes' paths to admission cost.
                 for lane in range(BORROWERS):
                     borrowers.append(
                         asyncio.create_task(

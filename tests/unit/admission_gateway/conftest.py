@@ -50,6 +50,17 @@ def make_config(engine_url: str, **gateway: Any) -> SlotshiftConfig:
     )
 
 
+def with_preemptible(config: SlotshiftConfig, tenants: tuple[str, ...]) -> SlotshiftConfig:
+    """`config` with the named tenants of its pool preemptible."""
+    if not tenants:
+        return config
+    pool = config.pools[0]
+    changed = [
+        t.model_copy(update={"preemptible": True}) if t.name in tenants else t for t in pool.tenants
+    ]
+    return config.model_copy(update={"pools": [pool.model_copy(update={"tenants": changed})]})
+
+
 def auth(tenant: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {KEYS[tenant]}"}
 
@@ -59,8 +70,9 @@ async def engine() -> AsyncIterator[FakeEngine]:
     fake = FakeEngine()
     await fake.start()
     yield fake
-    if fake.gate is not None:
-        fake.gate.set()
+    for gate in (fake.gate, fake.tokenize_gate):
+        if gate is not None:
+            gate.set()
     await fake.stop()
 
 
@@ -69,8 +81,10 @@ async def start_gateway(engine: FakeEngine) -> AsyncIterator[StartGateway]:
     """Start a gateway in front of `engine`; keyword arguments override gateway settings."""
     started: list[AdmissionGateway] = []
 
-    async def start(*, engine_url: str | None = None, **gateway: Any) -> AdmissionGateway:
-        config = make_config(engine_url or engine.url, **gateway)
+    async def start(
+        *, engine_url: str | None = None, preemptible: tuple[str, ...] = (), **gateway: Any
+    ) -> AdmissionGateway:
+        config = with_preemptible(make_config(engine_url or engine.url, **gateway), preemptible)
         instance = AdmissionGateway(config, gateway_id="gw-test")
         await instance.start()
         started.append(instance)

@@ -36,6 +36,10 @@ class FakeEngine:
     """Requests whose client (the gateway) went away before they were answered."""
     headers_seen: list[dict[str, str]] = field(default_factory=list)
     tokenize_status: int = 200
+    tokenize_gate: asyncio.Event | None = None
+    """When set to an Event, /tokenize answers once it is set."""
+    prompts_seen: list[Any] = field(default_factory=list)
+    """Each generation request's `prompt` (None for a chat)."""
     set_cookie: str | None = None
     """A Set-Cookie value every non-streamed answer carries (as a sticky balancer's would)."""
     """What /tokenize answers with: 200 counts a token per character, any other is an error."""
@@ -73,6 +77,8 @@ class FakeEngine:
 
     async def _tokenize(self, request: web.Request) -> web.StreamResponse:
         self.headers_seen.append(dict(request.headers))
+        if self.tokenize_gate is not None:
+            await self.tokenize_gate.wait()
         if self.tokenize_status != 200:
             return web.json_response({"object": "error"}, status=self.tokenize_status)
         prompt = str((await request.json()).get("prompt", ""))
@@ -82,6 +88,7 @@ class FakeEngine:
     async def _generate(self, request: web.Request) -> web.StreamResponse:
         self.headers_seen.append(dict(request.headers))
         body = await request.json()
+        self.prompts_seen.append(body.get("prompt"))
         tenant = str(body.get("user", ""))
         self.in_flight[tenant] += 1
         self.peak_in_flight[tenant] = max(self.peak_in_flight[tenant], self.in_flight[tenant])
@@ -140,6 +147,8 @@ class FakeEngine:
         if chat:
             events.append(_chunk(chat, {"role": "assistant", "content": ""}))
         events.extend(_chunk(chat, piece) for piece in CONTENT_PIECES)
+        # vLLM's last content chunk says why the answer ended.
+        events[-1]["choices"][0]["finish_reason"] = "stop"
         for index, event in enumerate(events):
             await response.write(b"data: " + json.dumps(event).encode() + b"\n\n")
             if index == 0 and self.gate is not None:

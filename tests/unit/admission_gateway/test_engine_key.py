@@ -164,12 +164,12 @@ async def test_the_tokenize_call_of_a_resumable_prompt_carries_the_engines_key(
             paused_keepalive_interval_s=5,
             tracer=trace.NoOpTracer(),
         )
-        document = await relay.with_prompt_ids(
+        ids = await relay.tokenized_prompt(
             "/v1/completions",
             {"model": "fake", "prompt": "Hi"},
             CIMultiDict({"Authorization": "Bearer client", "traceparent": TRACEPARENT}),
         )
-    assert document["prompt"] == [ord("H"), ord("i")]
+    assert ids == [ord("H"), ord("i")]
     assert authorizations(engine) == [f"Bearer {ENGINE_KEY}"]
 
 

@@ -18,7 +18,7 @@ import pytest_asyncio
 from admission_gateway.gateway import AdmissionGateway
 from admission_gateway.upstream import PushedReads
 from tests.support import wait_until
-from tests.unit.admission_gateway.conftest import auth, make_config
+from tests.unit.admission_gateway.conftest import auth, make_config, with_preemptible
 
 COMPLETION = {"model": "fake", "user": "A", "prompt": "Hi", "stream": True}
 
@@ -115,13 +115,7 @@ async def start(raw_engine: RawEngine) -> AsyncIterator[Callable[..., Awaitable[
         preemptible: tuple[str, ...] = (), **gateway: object
     ) -> AdmissionGateway:
         """A gateway on the raw engine, the tenants named in `preemptible` preemptible."""
-        config = make_config(raw_engine.url, **gateway)
-        pool = config.pools[0]
-        tenants = [
-            t.model_copy(update={"preemptible": True}) if t.name in preemptible else t
-            for t in pool.tenants
-        ]
-        config = config.model_copy(update={"pools": [pool.model_copy(update={"tenants": tenants})]})
+        config = with_preemptible(make_config(raw_engine.url, **gateway), preemptible)
         instance = AdmissionGateway(config, gateway_id="gw-test")
         await instance.start()
         started.append(instance)

@@ -1117,3 +1117,38 @@ def test_prompt_ids_missed_by_the_original_show_once_as_the_originals() -> None:
     ]
     shown = [chunk["choices"][0]["prompt_token_ids"] for chunk in [*first, *later]]
     assert shown == [None, [1, 2], None]
+
+
+def test_a_text_prompt_whose_stream_drops_its_ids_continues_from_the_tokenized_ones() -> None:
+    # vLLM 0.32 drops prompt_token_ids after an empty first chunk: output cannot be paused
+    # without loss until /tokenize's ids come (preemptible.py asks beside the first attempt).
+    resumption = Resumption(COMPLETIONS_PATH, completions(prompt="Hi", max_tokens=5))
+    resumption.upstream_request()
+    resumption.feed(completion_chunk("a", [5]))
+    assert not resumption.pausable()
+    resumption.take_prompt_ids([1, 2])
+    assert resumption.pausable() and resumption.prompt_tokens == 2
+    resumption.pause()
+    path, continuation = upstream(resumption)
+    assert (path, continuation["prompt"], continuation["max_tokens"]) == (
+        COMPLETIONS_PATH,
+        [1, 2, 5],
+        4,
+    )
+
+
+def test_the_streams_own_prompt_ids_replace_tokenized_ones_and_others_are_kept() -> None:
+    resumption = Resumption(COMPLETIONS_PATH, completions(prompt="Hi", max_tokens=5))
+    resumption.upstream_request()
+    resumption.take_prompt_ids([9])
+    resumption.feed(completion_chunk("a", [5], prompt_token_ids=[1, 2]))
+    resumption.take_prompt_ids([7, 7, 7])  # the engine's own ids are known: kept
+    resumption.pause()
+    assert upstream(resumption)[1]["prompt"] == [1, 2, 5]
+    # A prompt of ids is its own: /tokenize's never replace it.
+    ids_prompt = Resumption(COMPLETIONS_PATH, completions(prompt=[3, 4], max_tokens=5))
+    ids_prompt.upstream_request()
+    ids_prompt.take_prompt_ids([8])
+    ids_prompt.feed(completion_chunk("a", [5]))
+    ids_prompt.pause()
+    assert upstream(ids_prompt)[1]["prompt"] == [3, 4, 5]
