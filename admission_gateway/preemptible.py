@@ -201,16 +201,22 @@ class PreemptibleRelay:
             return None
         return tokens
 
-    async def _take_prompt_ids(
+    def _tokenizing(
         self,
         resumption: Resumption,
         path: str,
         document: Mapping[str, Any],
         headers: Mapping[str, str],
-    ) -> None:
-        ids = await self.tokenized_prompt(path, document, headers)
-        if ids is not None:
-            resumption.take_prompt_ids(ids)
+        tenant: TenantState,
+    ) -> asyncio.Task[None]:
+        """The task that gives `resumption` its text prompt's ids from this relay's engine."""
+
+        async def take_prompt_ids() -> None:
+            ids = await self.tokenized_prompt(path, document, headers)
+            if ids is not None:
+                resumption.take_prompt_ids(ids)
+
+        return asyncio.create_task(take_prompt_ids(), name=f"tokenize {tenant.name} prompt")
 
     async def serve(
         self,
@@ -245,10 +251,7 @@ class PreemptibleRelay:
         # pausable() passes it over.
         tokenizing: asyncio.Task[None] | None = None
         if _text_prompt(path, document) is not None:
-            tokenizing = asyncio.create_task(
-                self._take_prompt_ids(resumption, path, document, headers),
-                name=f"tokenize {tenant.name} prompt",
-            )
+            tokenizing = self._tokenizing(resumption, path, document, headers, tenant)
         client: web.StreamResponse | None = None
         first_token = FirstTokenDetector()
         accounted = _Accounted()
@@ -286,6 +289,13 @@ class PreemptibleRelay:
                     if replica is not None:
                         slot = await self._move(tenant, slot, replica, client, pool)
                         tenant, relay, pool = replica.tenant, replica.relay, replica.pool
+                        if tokenizing is not None and not resumption.prompt_ids_known:
+                            # The lost engine's answer may never come: the new one's is as good
+                            # (replicas share a tokenizer).
+                            await _stop(tokenizing)
+                            tokenizing = relay._tokenizing(
+                                resumption, path, document, headers, tenant
+                            )
                         continue
                     if client is not None:
                         observed.cut_by(ended.error)
@@ -313,11 +323,7 @@ class PreemptibleRelay:
         finally:
             slot.release()
             if tokenizing is not None:
-                # Stopped and waited for: nothing outlives the request (a no-op once done).
-                tokenizing.cancel()
-                await asyncio.wait([tokenizing])
-                if not tokenizing.cancelled() and (failure := tokenizing.exception()) is not None:
-                    logger.warning("asking for a resumable prompt's ids failed: %r", failure)
+                await _stop(tokenizing)
             observed.counted(
                 prompt_tokens=resumption.prompt_tokens,
                 output_tokens=resumption.generated_tokens,
@@ -622,6 +628,14 @@ async def _open_stream(
     client.content_type = "text/event-stream"
     await client.prepare(request)
     return client
+
+
+async def _stop(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait for it (a no-op once done): nothing outlives its request."""
+    task.cancel()
+    await asyncio.wait([task])
+    if not task.cancelled() and (failure := task.exception()) is not None:
+        logger.warning("asking for a resumable prompt's ids failed: %r", failure)
 
 
 def _text_prompt(path: str, document: Mapping[str, Any]) -> str | None:

@@ -690,6 +690,12 @@ class Resumption:
             return []  # nothing may follow a finish but usage and [DONE]
         return self._take_chunk(attempt, event, choices[0])
 
+    @property
+    def prompt_ids_known(self) -> bool:
+        """Whether the original prompt's token ids are known (the request's, the stream's, or
+        `take_prompt_ids`')."""
+        return self._prompt_ids is not None
+
     def take_prompt_ids(self, ids: Sequence[int]) -> None:
         """The original prompt's token ids as the engine's POST /tokenize gave them, for a text
         completion (vLLM 0.32 drops a stream's `prompt_token_ids` when its first chunk is empty,

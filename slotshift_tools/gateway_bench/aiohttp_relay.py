@@ -19,9 +19,10 @@ import asyncio
 import signal
 
 import aiohttp
-import uvloop
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from slotshift_tools.gateway_bench.upstream import run_relay
 
 _HOP_BY_HOP = frozenset(
     {
@@ -105,13 +106,7 @@ async def _main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Relay until SIGINT or SIGTERM; exit status 0."""
-    parser = argparse.ArgumentParser(prog="python -m slotshift_tools.gateway_bench.aiohttp_relay")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream-host", default="127.0.0.1")
-    parser.add_argument("--upstream-port", type=int, required=True)
-    uvloop.run(_main(parser.parse_args(argv)))
-    return 0
+    return run_relay("slotshift_tools.gateway_bench.aiohttp_relay", _main, argv)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,11 @@ import argparse
 import asyncio
 import json
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
+
+import uvloop
 
 MODEL: Final = "bench-model"
 TOKEN_ID: Final = 1234
@@ -385,6 +387,22 @@ async def serve_until_signalled(
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     await serve_protocol(factory, host, port, stop)
+
+
+def run_relay(
+    module: str,
+    relay: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
+    argv: list[str] | None,
+) -> int:
+    """A bench relay's command line (`python -m MODULE --port P --upstream-port U`): run
+    `relay(args)` on uvloop until it returns (at SIGINT or SIGTERM); exit status 0."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream-host", default="127.0.0.1")
+    parser.add_argument("--upstream-port", type=int, required=True)
+    uvloop.run(relay(parser.parse_args(argv)))
+    return 0
 
 
 async def serve(host: str, port: int, events_per_s: float, stop: asyncio.Event) -> None:

@@ -24,28 +24,18 @@ INTERFERENCE_PAIRS = 20
 
 def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None:
     out = tmp_path / "gateway"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slotshift_tools",
-            "bench-gateway",
-            "--quick",
-            "--pairs",
-            str(PAIRS),
-            "--interference-pairs",
-            str(INTERFERENCE_PAIRS),
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    result = _run_in_checkout(
+        "-m",
+        "slotshift_tools",
+        "bench-gateway",
+        "--quick",
+        "--pairs",
+        str(PAIRS),
+        "--interference-pairs",
+        str(INTERFERENCE_PAIRS),
+        "--out",
+        str(out),
     )
-    assert result.returncode == 0, result.stdout + result.stderr
     document = json.loads((out / "gateway.json").read_text())
     haproxy = find_haproxy() is not None
     assert document["peers"]["haproxy"]["available"] is haproxy
@@ -97,3 +87,30 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
 
     assert "CPU per 1,000 relayed events" in (out / "summary.md").read_text()
     assert imread(out / "gateway.png").shape[0] > 100
+
+
+def test_the_request_cpu_script_reads_every_proxys_cost_per_request(tmp_path: Path) -> None:
+    # scripts/gateway_request_cpu.py, the per-request counterpart of the CPU windows.
+    out = tmp_path / "request-cpu.json"
+    _run_in_checkout("scripts/gateway_request_cpu.py", "--requests", "100", "--out", str(out))
+    figures = json.loads(out.read_text())["figures"]
+    expected = ["gateway", "aiohttp-relay", "tcp-relay"]
+    assert list(figures) == expected + (["haproxy"] if find_haproxy() is not None else [])
+    assert all(f["wall_ms_per_request"] > 0 for f in figures.values()), figures
+    # CPU is read in 10 ms ticks; over 100 requests the gateway's is well over one.
+    assert figures["gateway"]["cpu_us_per_request"] > figures["tcp-relay"]["cpu_us_per_request"]
+
+
+def _run_in_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
+    """`python ARGV` from the checkout's root, as a user runs it; it must exit 0."""
+    result = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
