@@ -149,10 +149,11 @@ class PushedReads:
     first each read that is whole chunks of the body, as the engine framed them (chunk size
     lines included): True when it took the read (the parser never sees it), False to have it
     parsed and given to `take` as usual; it must not wait either, and what it raises is raised
-    by `handed_back`, as for `take`. Once `done()` (if given)
-    holds after a take, the pushing ends with nothing handed back (None). What is not a read is handed back
-    at once: the body's end (its last bytes, b"" for none, as `readany` gives them), a failed
-    read (None: the task's `readany` raises the failure), an error `take` raised (raised by
+    by `handed_back`, as for `take`; it must not take a read after which `done()` would hold
+    (only `take` is followed by that question). Once `done()` (if given) holds after a take, the
+    pushing ends with nothing handed back (None). What is not a read is handed back at once:
+    the body's end (its last bytes, b"" for none, as `readany` gives them), a failed read (None:
+    the task's `readany` raises the failure), an error `take` raised (raised by
     `handed_back`)."""
 
     def __init__(

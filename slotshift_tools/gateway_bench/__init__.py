@@ -4,9 +4,9 @@ Five targets side by side in one run, requests interleaved so that drift hits al
 direct to the engine, through one real `slotshift gateway` process (with a real control plane,
 stream authentication on, tracing as configured), through a bare TCP relay in Python (uvloop,
 no HTTP: the floor under any Python proxy's cost), through the least HTTP relay on aiohttp's
-server and client (the floor under a proxy built as the gateway is), and through HAProxy with a static per-tenant
-`maxconn` split and `option http-no-delay` (when `haproxy` is installed; the bench says so when
-it is not). The engine is a cheap OpenAI-compatible SSE server in a process of its own (its CPU
+server and client (the floor under a proxy built as the gateway is), and through HAProxy with a
+static per-tenant `maxconn` split and `option http-no-delay` (when `haproxy` is installed; the
+bench says so when it is not). The engine is a cheap OpenAI-compatible SSE server in a process of its own (its CPU
 is reported, so that the reader sees it is not the bottleneck).
 
 Roles, one module each:
