@@ -306,3 +306,31 @@ async def test_changes_of_another_key_scheme_stop_the_start_unless_dropped(
         assert [c.dropped_reason is not None for c in changes] == [True, False]
     finally:
         await keeper.close()
+
+
+async def test_gateways_are_stored_during_the_restart_hold_without_dropping_the_awaited(
+    tmp_path: Path,
+) -> None:
+    # A gateway that connects while the hold waits for another must be stored at once: a
+    # control plane restarted then would otherwise end its hold when the awaited one alone came
+    # back, and grant it what the unknown one still holds.
+    clock = ManualClock()
+    path = str(tmp_path / "state.sqlite3")
+    store = SqliteStateStore(path)
+    await store.open()
+    await store.set_gateways("p", ["gw-a"])
+    await store.close()
+    keeper, runtime = await _keeper(SqliteStateStore(path), FILE, clock)
+    try:
+        assert runtime.state.holding
+        runtime.state.connect_gateway("gw-b", 0, [])
+        await keeper.store_gateways()
+        assert await keeper.store.gateways("p") == ["gw-a", "gw-b"]
+        # Once the hold is over, the stored gateways are those the pool counts.
+        clock.advance(2.0)
+        runtime.state.expire_leases()
+        assert not runtime.state.holding
+        await keeper.store_gateways()
+        assert await keeper.store.gateways("p") == ["gw-b"]
+    finally:
+        await keeper.close()
