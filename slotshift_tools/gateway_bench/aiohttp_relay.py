@@ -15,14 +15,12 @@ own work (tcp_relay.py is the floor under that, with no HTTP at all).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from slotshift_tools.gateway_bench.upstream import run_relay
+from slotshift_tools.gateway_bench.upstream import run_relay, signalled
 
 _HOP_BY_HOP = frozenset(
     {
@@ -92,10 +90,7 @@ async def _main(args: argparse.Namespace) -> None:
     app.router.add_route("*", "/{path:.*}", relay.handle)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+    stop = signalled()
     try:
         await web.TCPSite(runner, args.host, args.port, backlog=1024).start()
         await stop.wait()

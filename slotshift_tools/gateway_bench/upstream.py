@@ -378,15 +378,20 @@ async def serve_protocol(
         await stop.wait()
 
 
-async def serve_until_signalled(
-    factory: Callable[[], asyncio.Protocol], host: str, port: int
-) -> None:
-    """Serve `factory`'s protocol on host:port until SIGINT or SIGTERM."""
+def signalled() -> asyncio.Event:
+    """An event the running loop sets at SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await serve_protocol(factory, host, port, stop)
+    return stop
+
+
+async def serve_until_signalled(
+    factory: Callable[[], asyncio.Protocol], host: str, port: int
+) -> None:
+    """Serve `factory`'s protocol on host:port until SIGINT or SIGTERM."""
+    await serve_protocol(factory, host, port, signalled())
 
 
 def run_relay(
