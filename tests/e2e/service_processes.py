@@ -89,6 +89,22 @@ class ServiceProcesses:
         self._processes.clear()
 
 
+def run_in_checkout(*argv: str, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`python ARGV` from the checkout's root, as a user runs it; it must exit 0 within
+    `timeout_s`."""
+    result = subprocess.run(
+        [sys.executable, *argv],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
 def log_tail(log: Path, lines: int = 60, *, skip: str | None = None) -> str:
     """The last lines of a process's log, leaving out those that contain `skip`."""
     text = log.read_text(errors="replace").splitlines()

@@ -4,9 +4,6 @@ and (when installed) HAProxy processes: every figure is in the JSON, and each is
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,17 +11,17 @@ from matplotlib.image import imread
 
 from slotshift_tools.gateway_bench.haproxy import find_haproxy
 from slotshift_tools.gateway_bench.report import FIGURES
+from tests.e2e.service_processes import run_in_checkout
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).resolve().parents[2]
 PAIRS = 40
 INTERFERENCE_PAIRS = 20
 
 
 def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None:
     out = tmp_path / "gateway"
-    result = _run_in_checkout(
+    result = run_in_checkout(
         "-m",
         "slotshift_tools",
         "bench-gateway",
@@ -35,6 +32,7 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
         str(INTERFERENCE_PAIRS),
         "--out",
         str(out),
+        timeout_s=180,
     )
     document = json.loads((out / "gateway.json").read_text())
     haproxy = find_haproxy() is not None
@@ -92,25 +90,12 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
 def test_the_request_cpu_script_reads_every_proxys_cost_per_request(tmp_path: Path) -> None:
     # scripts/gateway_request_cpu.py, the per-request counterpart of the CPU windows.
     out = tmp_path / "request-cpu.json"
-    _run_in_checkout("scripts/gateway_request_cpu.py", "--requests", "100", "--out", str(out))
+    run_in_checkout(
+        "scripts/gateway_request_cpu.py", "--requests", "100", "--out", str(out), timeout_s=180
+    )
     figures = json.loads(out.read_text())["figures"]
     expected = ["gateway", "aiohttp-relay", "tcp-relay"]
     assert list(figures) == expected + (["haproxy"] if find_haproxy() is not None else [])
     assert all(f["wall_ms_per_request"] > 0 for f in figures.values()), figures
     # CPU is read in 10 ms ticks; over 100 requests the gateway's is well over one.
     assert figures["gateway"]["cpu_us_per_request"] > figures["tcp-relay"]["cpu_us_per_request"]
-
-
-def _run_in_checkout(*argv: str) -> subprocess.CompletedProcess[str]:
-    """`python ARGV` from the checkout's root, as a user runs it; it must exit 0."""
-    result = subprocess.run(
-        [sys.executable, *argv],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    return result

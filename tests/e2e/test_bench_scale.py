@@ -4,18 +4,15 @@ process, with real gateway streams from a generator process of its own."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from matplotlib.image import imread
 
-pytestmark = pytest.mark.e2e
+from tests.e2e.service_processes import run_in_checkout
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
 
 
 def _walk(document: Any, path: str = "") -> list[str]:
@@ -29,33 +26,24 @@ def _walk(document: Any, path: str = "") -> list[str]:
 
 def test_a_tiny_point_has_every_figure_holds_the_budget_and_decides(tmp_path: Path) -> None:
     out = tmp_path / "scale"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "slotshift_tools",
-            "bench-scale",
-            "--grid",
-            "10x2",
-            "--interval-s",
-            "0.25",
-            "--dynamics",
-            "fluctuating",
-            "--duration-s",
-            "8",
-            "--warmup-s",
-            "1",
-            "--out",
-            str(out),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=100,
-        check=False,
+    run_in_checkout(
+        "-m",
+        "slotshift_tools",
+        "bench-scale",
+        "--grid",
+        "10x2",
+        "--interval-s",
+        "0.25",
+        "--dynamics",
+        "fluctuating",
+        "--duration-s",
+        "8",
+        "--warmup-s",
+        "1",
+        "--out",
+        str(out),
+        timeout_s=100,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
 
     grid = json.loads((out / "grid.json").read_text())
     assert grid["failed_points"] == {}
