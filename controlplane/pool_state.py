@@ -36,8 +36,6 @@ from controlplane.registry import (
     Row2,
     TenantDirectory,
     columns_of,
-    row_sum,
-    zeros_row,
 )
 from controlplane.token_ledger import TokenCount, TokenLedger
 from slotshift.apportion import nominal_shares
@@ -126,8 +124,10 @@ class PoolState:
         self._limits_trace_context: Mapping[str, str] = {}
         """W3C context of the decision whose tenant limits are in force (empty: the nominal
         shares, before any decision changed them)."""
-        self._queued_before: Row = zeros_row(len(self.tenants))
+        self._queued_before: dict[str, int] = {}
+        """Each pool tenant's requests queued over the gateways at the fast path's last look."""
         self._rows_cache: dict[tuple[int, tuple[str, ...]], tuple[Mapping[str, int], Row]] = {}
+        self._preemptible: tuple[PoolConfig, tuple[str, ...], NDArray[np.bool_]] | None = None
         self._lending: NDArray[np.bool_] = np.zeros(0, dtype=bool)
         """Which tenants held at most their nominal share at the last reconcile."""
         self._lender_short = False
@@ -218,19 +218,29 @@ class PoolState:
         """Ask for a decision now when a tenant's queue grows while it holds less than its
         nominal share: waiting for the next period would leave it queueing behind lent slots."""
         if not self.pool.fast_path:
+            self._loads.take_queue_moved()
             return
-        queued = row_sum((g.queued for g in self.gateways), len(self.tenants))
-        for column in np.flatnonzero(queued > self._queued_before):
-            tenant = self.tenants[column]
+        # Only the tenants whose queue moved since the last look: a report about k tenants
+        # costs about k, not the pool's tenants times its gateways.
+        moved = self._loads.take_queue_moved()
+        if not moved:
+            return
+        before = self._queued_before
+        grown: list[tuple[int, str, int]] = []
+        for tenant in moved:
+            queued = self._loads.queued(tenant)
+            if queued > before.get(tenant, 0):
+                grown.append((self._index[tenant], tenant, queued))
+            before[tenant] = queued
+        for _, tenant, queued in sorted(grown):
             if tenant not in self._nominal:
-                continue  # draining: removed from the pool
+                continue  # removed from the pool, draining
             if self.allocation.tenant_limits[tenant] < self._nominal[tenant]:
                 self.fast_path_reason = (
-                    f"fast path: {tenant}'s queue grew to {queued[column]} below its nominal share"
+                    f"fast path: {tenant}'s queue grew to {queued} below its nominal share"
                 )
                 self.decision_wanted.set()
                 break
-        self._queued_before = queued
 
     def record_ack(
         self,
@@ -413,10 +423,6 @@ class PoolState:
         if tenants == self.tenants:
             return
         self.gateways.reindex(self.tenants, tenants)
-        source = columns_of(self.tenants, tenants)
-        queued_before = zeros_row(len(tenants))
-        queued_before[source >= 0] = self._queued_before[source[source >= 0]]
-        self._queued_before = queued_before
         self.tenants = tenants
         self._index = {name: column for column, name in enumerate(tenants)}
         # The policy's tenants changed (a config change, a drained tenant): sum afresh.
@@ -576,15 +582,26 @@ class PoolState:
         settings = self.pool.preemption
         if not settings.enabled or self.waste_percent() > settings.max_waste_percent:
             return levels
-        preemptible = {t.name for t in self.pool.tenants if t.preemptible}
-        if not preemptible:
+        preemptible = self._preemptible_columns()
+        if not preemptible.any():
             return levels
         terms = placement.PauseTerms(
-            preemptible=np.array([t in preemptible for t in self.tenants], dtype=bool),
+            preemptible=preemptible,
             nominal=self._row_of(self._nominal),
             limits=self._row_of(self.allocation.tenant_limits),
         )
         return placement.pause_levels(terms, in_flight, grants)
+
+    def _preemptible_columns(self) -> NDArray[np.bool_]:
+        """Which columns are preemptible tenants under the pool's config; built once per config
+        and column order (read-only: shared)."""
+        cached = self._preemptible
+        if cached is None or cached[0] is not self.pool or cached[1] != self.tenants:
+            names = {t.name for t in self.pool.tenants if t.preemptible}
+            columns = np.array([t in names for t in self.tenants], dtype=bool)
+            columns.flags.writeable = False
+            cached = self._preemptible = (self.pool, self.tenants, columns)
+        return cached[2]
 
     def _row_of(self, per_tenant: Mapping[str, int]) -> Row:
         """`per_tenant` (tenant limits, nominal shares) in the columns' order, 0 for a tenant it
@@ -604,8 +621,7 @@ class PoolState:
     def _observe_waste(self) -> None:
         """Remember the pool's output and waste counters now, for the waste window."""
         now = self._clock.monotonic()
-        output = sum(g.output_tokens_total for g in self.gateways)
-        waste = sum(g.waste_tokens_total for g in self.gateways)
+        output, waste = self._loads.output_tokens_total, self._loads.waste_tokens_total
         samples = self._waste_samples
         samples.append((now, output, waste))
         horizon = now - self.pool.preemption.waste_window_s
@@ -659,6 +675,8 @@ def _changed_rows(before: CellLimits, after: CellLimits) -> NDArray[np.bool_]:
 def _granted(previous: CellLimits, ids: tuple[str, ...], tenants: tuple[str, ...]) -> Row2:
     """What `previous` granted each gateway of `ids` (rows) for each of `tenants` (columns); 0
     for a gateway or tenant it does not name."""
+    if previous.gateway_ids == ids and previous.tenants == tenants:
+        return np.array(previous.limits, dtype=np.int64)
     granted = np.zeros((len(ids), len(tenants)), dtype=np.int64)
     new_rows, old_rows = _matching_rows(previous.gateway_ids, ids)
     if not new_rows.size:
@@ -691,7 +709,9 @@ def _rows(rows: list[Row], tenants: int) -> Row2:
     """Rows stacked into a (gateways, tenants) array."""
     if not rows:
         return np.zeros((0, tenants), dtype=np.int64)
-    return np.stack(rows)
+    # np.array, not np.stack: the same copy for a third of the cost at ten gateways (np.stack
+    # checks and reshapes every row in Python).
+    return np.array(rows, dtype=np.int64)
 
 
 _LatencyKey = tuple[int, float, float, float, int, float, float, float]
@@ -716,20 +736,43 @@ class _PoolLoads:
         self._latency: dict[str, tuple[_LatencyKey, LatencySummary, LatencySummary]] = {}
         """tenant -> the figures its summaries were made from, and its (ttft, e2e) merged over
         its gateways, as of its last change."""
+        self._queue_moved: set[str] = set()
+        """Pool tenants whose queued figure at some gateway moved since take_queue_moved."""
+        self.output_tokens_total = 0
+        """Summed over every figure held, removed tenants' too (the base of the waste share)."""
+        self.waste_tokens_total = 0
 
     def replaced(self, old: TenantDemand | None, new: TenantDemand | None) -> None:
         """A gateway's figure of one tenant left (new None), came (old None) or changed."""
         figures = new if new is not None else old
         if figures is None:
             return
+        if old is not None:
+            self.output_tokens_total -= old.output_tokens_total
+            self.waste_tokens_total -= old.waste_tokens_total
+        if new is not None:
+            self.output_tokens_total += new.output_tokens_total
+            self.waste_tokens_total += new.waste_tokens_total
         sums = self._sums.get(figures.tenant)
         if sums is None:
             return  # a draining tenant: not in the policy's view
+        if (0 if old is None else old.queued) != (0 if new is None else new.queued):
+            self._queue_moved.add(figures.tenant)
         if old is not None:
             sums.add(old, -1)
         if new is not None:
             sums.add(new, 1)
         self._stale.add(figures.tenant)
+
+    def take_queue_moved(self) -> set[str]:
+        """The pool tenants whose queue moved at some gateway since the last call (and none
+        from now)."""
+        moved, self._queue_moved = self._queue_moved, set()
+        return moved
+
+    def queued(self, tenant: str) -> int:
+        """A pool tenant's requests queued, summed over the gateways."""
+        return self._sums[tenant].queued
 
     def loads(
         self, records: Iterable[GatewayRecord], now_wall_s: float, *, draining: bool

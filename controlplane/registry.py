@@ -85,14 +85,12 @@ class GatewayRecord:
         "in_flight",
         "lease_expires_at_s",
         "observed_at_wall_s",
-        "output_tokens_total",
         "pending",
         "queued",
         "sent",
         "sent_at_s",
         "sent_version",
         "session",
-        "waste_tokens_total",
     )
 
     def __init__(self, gateway_id: str, session: GatewaySession, tenants: int) -> None:
@@ -119,9 +117,6 @@ class GatewayRecord:
         self.sent_version = 0
         """The newest version sent to this gateway (on any of its connections)."""
         self.lease_expires_at_s: float | None = None
-        self.output_tokens_total = 0
-        """Summed over its tenants' figures (the base of the pool's waste share)."""
-        self.waste_tokens_total = 0
 
     def bounds(self) -> Row:
         """Most this gateway may be holding of each tenant (see controlplane/core/grants.py)."""
@@ -151,7 +146,6 @@ class GatewayRecord:
             self.demand = {}
             self.in_flight = zeros_row(len(index))
             self.queued = zeros_row(len(index))
-            self.output_tokens_total = self.waste_tokens_total = 0
         held = self.demand
         started = False
         for figures in demand:
@@ -159,9 +153,6 @@ class GatewayRecord:
             if column is None:
                 continue
             before = held.get(figures.tenant)
-            if before is not None:
-                self.output_tokens_total -= before.output_tokens_total
-                self.waste_tokens_total -= before.waste_tokens_total
             held[figures.tenant] = figures
             if replaced is not None:
                 replaced(before, figures)
@@ -169,8 +160,6 @@ class GatewayRecord:
             if figures.queued > 0 and (before is None or before.queued == 0):
                 started = True
             self.queued[column] = figures.queued
-            self.output_tokens_total += figures.output_tokens_total
-            self.waste_tokens_total += figures.waste_tokens_total
         self.observed_at_wall_s = observed_at_wall_s
         return started
 
@@ -215,14 +204,6 @@ class GatewayRecord:
 def zeros_row(size: int) -> Row:
     """A row of zeros."""
     return np.zeros(size, dtype=np.int64)
-
-
-def row_sum(rows: Iterable[Row], size: int) -> Row:
-    """The sum of `rows` (zeros when there are none)."""
-    result = zeros_row(size)
-    for row in rows:
-        result += row
-    return result
 
 
 def row_max(rows: Iterable[Row], size: int) -> Row:

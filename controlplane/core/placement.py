@@ -105,7 +105,7 @@ def _demand_split(limits: Counts, demand: Counts) -> Counts:
     key = np.where(room, -(shares - result), np.inf)
     order = np.argsort(key, axis=0, kind="stable")
     rank = np.empty_like(order)
-    np.put_along_axis(rank, order, np.arange(order.shape[0])[:, np.newaxis], axis=0)
+    rank[order, np.arange(order.shape[1])[np.newaxis, :]] = np.arange(order.shape[0])[:, np.newaxis]
     # One round reaches every column whose remainder fits its cells with room (all but
     # pathological float cases); those left take apportion's further rounds one column at a time.
     result += (room & (rank < remainder[np.newaxis, :])).astype(np.int64)

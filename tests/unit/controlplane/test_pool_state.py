@@ -416,3 +416,87 @@ def test_without_stored_gateways_the_hold_lasts_its_lease_from_the_start_of_serv
     assert state.holding
     clock.advance(6.0)
     assert not state.holding
+
+
+THREE = PoolConfig(
+    name="p",
+    budget_slots=90,
+    tenants=[TenantConfig(name=n, floor_slots=2) for n in ("A", "B", "C")],
+)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_pools_running_sums_match_a_walk_over_every_gateway(seed: int) -> None:
+    """The pool keeps its token totals and the fast path's queues up as figures come and go
+    (full and delta reports, acknowledgements, reconnects, expired leases, a removed tenant);
+    after every step they equal a walk over every gateway's figures, and the fast path fires
+    exactly when, and for the first tenant by column, a walk says some tenant below its nominal
+    share queues more than at the last report."""
+    rng = random.Random(seed)
+    clock = ManualClock()
+    state = _state(clock, pool=THREE)
+    state.apply_limits({"A": 10, "B": 30, "C": 50}, decision_id=1, policy="test")
+    nominal = nominal_shares(THREE)
+    sessions: dict[str, GatewaySession] = {}
+    queued_at_last_report: dict[str, int] = {}
+
+    def figures(names: Sequence[str]) -> list[TenantDemand]:
+        return [
+            TenantDemand(
+                name,
+                in_flight=rng.randint(0, 5),
+                queued=rng.choice((0, 0, 1, 3, 7)),
+                output_tokens_total=rng.randint(0, 10_000),
+                waste_tokens_total=rng.randint(0, 500),
+            )
+            for name in names
+        ]
+
+    def walk() -> tuple[int, int, dict[str, int]]:
+        held = [f for record in state.gateways for f in record.demand.values()]
+        queued = {t.name: 0 for t in state.pool.tenants}
+        for f in held:
+            if f.tenant in queued:
+                queued[f.tenant] += f.queued
+        output = sum(f.output_tokens_total for f in held)
+        return output, sum(f.waste_tokens_total for f in held), queued
+
+    for step in range(400):
+        gateway_id = f"gw{rng.randrange(4)}"
+        tenants = [t for t in state.tenants if rng.random() < 0.7]
+        session = sessions.get(gateway_id)
+        action = rng.random()
+        if session is None or action < 0.08:
+            sessions[gateway_id] = state.connect_gateway(gateway_id, 0, figures(tenants))
+        elif action < 0.14:
+            state.disconnect_gateway(session)
+            del sessions[gateway_id]
+            if rng.random() < 0.5:
+                clock.advance(state.gateways.lease_ttl_s)
+                state.expire_leases()
+        elif action < 0.4:
+            state.record_ack(session, 0, figures(tenants), delta=rng.random() < 0.7)
+        else:
+            state.decision_wanted.clear()
+            state.record_demand(session, 0, figures(tenants), delta=rng.random() < 0.7)
+            _, _, queued = walk()
+            grown = [
+                t
+                for t in state.tenants
+                if t in queued
+                and queued[t] > queued_at_last_report.get(t, 0)
+                and state.allocation.tenant_limits[t] < nominal[t]
+            ]
+            queued_at_last_report = queued
+            assert state.decision_wanted.is_set() == bool(grown), step
+            if grown:
+                assert state.fast_path_reason.startswith(f"fast path: {grown[0]}'s queue"), step
+        if step == 200:
+            state.replace_config(THREE.model_copy(update={"tenants": THREE.tenants[:2]}), {})
+            nominal = nominal_shares(state.pool)
+            state.apply_limits({"A": 20, "B": 70}, decision_id=2, policy="test")
+        output, waste, _ = walk()
+        assert (state._loads.output_tokens_total, state._loads.waste_tokens_total) == (
+            output,
+            waste,
+        ), step
