@@ -101,7 +101,11 @@ def row_to_proto(
     return limits
 
 
-def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Decision:
+def decision_to_proto(
+    pool: PoolConfig, record: DecisionRecord, *, tenants: bool = True
+) -> query_pb2.Decision:
+    """The wire's Decision of `record`; without `tenants`, none of its per-tenant inputs and
+    outputs (GetDecisionsRequest.without_tenants)."""
     return query_pb2.Decision(
         id=record.id,
         pool=record.pool,
@@ -111,9 +115,11 @@ def decision_to_proto(pool: PoolConfig, record: DecisionRecord) -> query_pb2.Dec
         reason=record.reason,
         version=record.version,
         budget_slots=record.budget_slots,
-        inputs=[_decision_input(name, load) for name, load in record.inputs.items()],
+        inputs=[_decision_input(name, load) for name, load in record.inputs.items()]
+        if tenants
+        else [],
         telemetry=_telemetry_input(record.telemetry),
-        outputs=tenant_allocations(pool, record.outputs),
+        outputs=tenant_allocations(pool, record.outputs) if tenants else [],
         duration_ms=record.duration_ms,
         trigger=record.trigger,
         fallback=record.fallback or "",

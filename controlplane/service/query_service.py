@@ -131,8 +131,9 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
             records = await self._stored(state.pool.name, request, limit, context)
         else:
             records = state.decisions.newest(limit, changes_only=request.changes_only)
+        tenants = not request.without_tenants
         return query_pb2.GetDecisionsResponse(
-            decisions=[convert.decision_to_proto(state.pool, r) for r in records]
+            decisions=[convert.decision_to_proto(state.pool, r, tenants=tenants) for r in records]
         )
 
     async def _stored(

@@ -237,6 +237,7 @@ class GetDecisionsRequest(_message.Message):
     SINCE_VERSION_FIELD_NUMBER: _builtins.int
     SINCE_WALL_S_FIELD_NUMBER: _builtins.int
     AFTER_DECISION_ID_FIELD_NUMBER: _builtins.int
+    WITHOUT_TENANTS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     limit: _builtins.int
     """How many decisions to return, newest first; 0 means the server's default (20)."""
@@ -259,6 +260,11 @@ class GetDecisionsRequest(_message.Message):
     """History, to page on: only decisions with a greater id (pass the last id read). 0: from the
     first that since_version / since_wall_s admit; set alone, it asks for history too.
     """
+    without_tenants: _builtins.bool
+    """Each decision without its per-tenant inputs and outputs: its id, times, outcome, reason,
+    trigger, version and telemetry only, for tools that follow when decisions are made (their
+    tenants cost the server most of the answer at a thousand tenants).
+    """
     def __init__(
         self,
         *,
@@ -268,10 +274,11 @@ class GetDecisionsRequest(_message.Message):
         since_version: _builtins.int = ...,
         since_wall_s: _builtins.float = ...,
         after_decision_id: _builtins.int = ...,
+        without_tenants: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_decision_id", b"after_decision_id", "changes_only", b"changes_only", "limit", b"limit", "pool", b"pool", "since_version", b"since_version", "since_wall_s", b"since_wall_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_decision_id", b"after_decision_id", "changes_only", b"changes_only", "limit", b"limit", "pool", b"pool", "since_version", b"since_version", "since_wall_s", b"since_wall_s", "without_tenants", b"without_tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

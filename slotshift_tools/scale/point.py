@@ -211,9 +211,12 @@ class DecisionReader:
             await self.read_new()
 
     async def _get(self, limit: int) -> list[DecisionTimes]:
-        # As stored (only what changed): whole records of 10,000 tenants would cost the control
-        # plane more than the decisions this reads their times of.
-        request = query_pb2.GetDecisionsRequest(pool=self._pool, limit=limit, changes_only=True)
+        # Times only: the decisions' tenants (even as stored, only what changed) would cost the
+        # control plane more than the decisions this reads the times of (7.6% of its CPU at
+        # 1,000 x 100 as stored).
+        request = query_pb2.GetDecisionsRequest(
+            pool=self._pool, limit=limit, changes_only=True, without_tenants=True
+        )
         reply = await self._stub.GetDecisions(request, timeout=RPC_TIMEOUT_S)
         return [
             DecisionTimes(

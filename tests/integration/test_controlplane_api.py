@@ -93,6 +93,13 @@ async def test_queries_answer_for_every_pool(channel: grpc.aio.Channel) -> None:
         assert [o.tenant for o in oldest.outputs] == ["A", "B"], "the first names every tenant"
     for decision in changes.decisions:
         assert {i.tenant for i in decision.inputs} <= {"A", "B"}
+    times = await stub.GetDecisions(
+        query_pb2.GetDecisionsRequest(pool="default", limit=3, without_tenants=True)
+    )
+    assert [(d.id, d.decided_at, d.duration_ms, d.version, d.reason) for d in times.decisions] == [
+        (d.id, d.decided_at, d.duration_ms, d.version, d.reason) for d in decisions.decisions
+    ]
+    assert not any(d.inputs or d.outputs for d in times.decisions)
 
 
 @pytest.mark.parametrize(
