@@ -233,8 +233,6 @@ class PoolState:
                 grown.append((self._index[tenant], tenant, queued))
             before[tenant] = queued
         for _, tenant, queued in sorted(grown):
-            if tenant not in self._nominal:
-                continue  # removed from the pool, draining
             if self.allocation.tenant_limits[tenant] < self._nominal[tenant]:
                 self.fast_path_reason = (
                     f"fast path: {tenant}'s queue grew to {queued} below its nominal share"
@@ -419,13 +417,14 @@ class PoolState:
             self._loads.replaced(figures, None)
 
     def _set_tenants(self, tenants: tuple[str, ...]) -> None:
-        """The columns of every row become `tenants` (the pool's, then the draining ones)."""
-        if tenants == self.tenants:
-            return
-        self.gateways.reindex(self.tenants, tenants)
-        self.tenants = tenants
-        self._index = {name: column for column, name in enumerate(tenants)}
-        # The policy's tenants changed (a config change, a drained tenant): sum afresh.
+        """The columns of every row become `tenants` (the pool's, then the draining ones), and
+        the policy's view the pool's tenants."""
+        if tenants != self.tenants:
+            self.gateways.reindex(self.tenants, tenants)
+            self.tenants = tenants
+            self._index = {name: column for column, name in enumerate(tenants)}
+        # The policy's tenants changed (a config change, a drained tenant), with the columns or
+        # without them (a removed last tenant drains in its own column): sum afresh.
         self._loads = _PoolLoads(t.name for t in self.pool.tenants)
         for record in self.gateways:
             for figures in record.demand.values():

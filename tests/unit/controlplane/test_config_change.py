@@ -173,6 +173,23 @@ def test_a_removed_tenants_slots_return_only_as_it_drains() -> None:
     assert "A" not in state.allocation.gateways["gw"]
 
 
+def test_a_removed_last_tenant_leaves_the_policys_view_while_it_drains() -> None:
+    """The last tenant's column stays where it was while it drains (the pool's tenants, then
+    the draining ones): the policy must stop seeing it all the same."""
+    clock = ManualClock()
+    state = _state(clock)
+    loop = DecisionLoop(state, DemandPolicy(), clock=clock)
+    demand = [TenantDemand("A", limit_slots=10), TenantDemand("B", in_flight=10, limit_slots=10)]
+    session = state.connect_gateway("gw", 0, demand)
+    state.record_demand(session, 0, demand)
+    version = state.replace_config(remove_tenant(POOL, "B"), state.key_digests)
+    assert state.tenants == ("A", "B"), "B drains in its own column"
+    assert set(state.snapshot().tenants) == {"A"}
+    record = loop.decide_once(trigger=f"config v{version}: removed tenant B")
+    assert dict(record.outputs) == {"A": 20}
+    assert state.allocation.gateways["gw"]["B"].limit_slots == 0
+
+
 def test_a_tenant_is_one_set_of_keys_across_the_pools() -> None:
     fleet = {"A": [DIGESTER.digest("key-a")], "B": [DIGESTER.digest("key-b")]}
     check_fleet_keys("A", [DIGESTER.digest("key-a")], fleet)  # A joins a second pool, same key
