@@ -131,11 +131,19 @@ class PoolState:
         self._lending: NDArray[np.bool_] = np.zeros(0, dtype=bool)
         """Which tenants held at most their nominal share at the last reconcile."""
         self._lender_short = False
+        """Whether, at the last reconcile, some lender queued where its grant was below its
+        target (core/push.py: every shrink is then urgent)."""
         self._over_budget = False
         """Whether, at the last reconcile, the gateways' bounds summed above the budget (a
         gateway that connected late ran on its fallback split): every shrink is then urgent."""
-        """Whether, at the last reconcile, some lender queued where its grant was below its
-        target (core/push.py: every shrink is then urgent)."""
+        self._short = False
+        """Whether, at the last reconcile, some cell's grant was below its target."""
+        self._regrant_due = False
+        """Whether the next re-grant may give more than the last one with nothing moved."""
+        self._held = False
+        """Whether the restart hold was on at the last reconcile."""
+        self._capped = False
+        """Whether the pool's waste was over its cap at the last reconcile (nothing paused)."""
         self._waste_samples: deque[tuple[float, int, int]] = deque()
         self.tokens = TokenLedger()
         """The tenants' tokens, from the gateways' full reports (ListTenants, GetAllocation)."""
@@ -201,17 +209,17 @@ class PoolState:
         record = self.gateways.live(session)
         if record is None:
             return False
-        started = record.take_figures(
+        taken = record.take_figures(
             demand, observed_at_wall_s, self._index, delta=delta, replaced=self._loads.replaced
         )
-        self._queue_started(record, started)
-        record.enforcing(applied_version)
+        self._queue_started(record, taken.started)
+        fell = record.enforcing(applied_version)
         # Kept for the version itself: should its acknowledgement still come, the push latency
         # is measured.
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v >= applied_version}
         self._observe_waste()
         self._check_fast_path()
-        self._changed()
+        self._changed(moved=taken.moved, fell=fell)
         return True
 
     def _check_fast_path(self) -> None:
@@ -256,13 +264,13 @@ class PoolState:
             return None
         sent_at = record.sent_at_s.get(version)
         latency = None if sent_at is None else self._clock.monotonic() - sent_at
-        record.enforcing(version)
+        fell = record.enforcing(version)
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
-        started = record.take_figures(
+        taken = record.take_figures(
             demand, observed_at_wall_s, self._index, delta=delta, replaced=self._loads.replaced
         )
-        self._queue_started(record, started)
-        self._changed()
+        self._queue_started(record, taken.started)
+        self._changed(moved=taken.moved, fell=fell)
         return latency
 
     def expect_gateways(self, gateway_ids: Iterable[str]) -> None:
@@ -303,9 +311,29 @@ class PoolState:
         if started and record.delivery is not None:
             record.session.mailbox.put(record.delivery)
 
-    def _changed(self) -> None:
-        """A gateway's figures or enforced limits moved: re-grant, at once or, when the pool
-        runs under a runtime that paces it (`reconcile_soon`), on its next turn."""
+    def _changed(self, *, moved: bool, fell: bool) -> None:
+        """A gateway's message came: re-grant, at once or, when the pool runs under a runtime
+        that paces it (`reconcile_soon`), on its next turn; unless a re-grant now would give
+        what the last one gave.
+
+        `moved`: some requests in flight or queued moved (what the split, the grants and the
+        pause levels read); `fell`: what the gateway may hold by its limits fell. A fall alone
+        changes nothing while every cell has its target, the bounds are within the budget and
+        no tenant drains (the grants are the targets whatever the bounds); counters alone
+        (admitted, tokens, latencies) change nothing unless they move the waste share across its
+        cap; and the restart hold's end and a drained tenant's column leaving are changes of
+        their own. Skipping the rest keeps the
+        cost of a report proportional to what it changed (tests/unit/controlplane/
+        test_pool_state.py holds it to a re-grant after every message)."""
+        if not (
+            moved
+            or self._regrant_due
+            or (fell and (self._short or self._over_budget or self._draining))
+            or (self._held and not self.holding)
+            or self._waste_capped() != self._capped
+            or self.allocation.cells.tenants != self.tenants
+        ):
+            return
         if self.reconcile_soon is None:
             self.reconcile()
         else:
@@ -528,9 +556,15 @@ class PoolState:
         granted = _granted(previous, ids, tenants)
         # The restart hold caps what may be granted, not the targets the gateways are told.
         granting = targets
-        if self._clock.monotonic() < self._holding_until_s:
+        self._held = self.holding
+        if self._held:
             granting = np.minimum(targets, acked)
         grants = placement.grant(self.pool.budget_slots, granting, granted, bounds)
+        self._short = bool((grants < targets).any())
+        # A grant the last allocation made that no bound holds (a reconnected gateway's row)
+        # counts as held in this pass and no longer in the next: the next may grant more.
+        self._regrant_due = self._short and bool((granted > np.maximum(bounds, grants)).any())
+        self._capped = self._waste_capped()
         pauses = self._pause_levels(in_flight[live], grants[live])
         candidate_cells = CellLimits.of(
             connected, tenants, targets[live], grants[live], pauses, pool_limits=limits
@@ -578,8 +612,7 @@ class PoolState:
         unless preemption is off or the pool's recent waste is over its cap; NO_PAUSE elsewhere.
         Rows are the connected gateways'."""
         levels = np.full(in_flight.shape, NO_PAUSE, dtype=np.int64)
-        settings = self.pool.preemption
-        if not settings.enabled or self.waste_percent() > settings.max_waste_percent:
+        if not self.pool.preemption.enabled or self._capped:
             return levels
         preemptible = self._preemptible_columns()
         if not preemptible.any():
@@ -627,15 +660,20 @@ class PoolState:
         while len(samples) > 2 and samples[1][0] <= horizon:
             samples.popleft()
 
+    def _waste_capped(self) -> bool:
+        """Whether the pool's recent waste is over its cap, preemption on: nothing is paused."""
+        settings = self.pool.preemption
+        return settings.enabled and self.waste_percent() > settings.max_waste_percent
+
     @property
     def policy_pool(self) -> PoolConfig:
         """The pool as the policies see it: with preemption off while the pool's recent waste
         is over its cap. Nothing is paused then (_pause_levels), so no lender's reserve may be
         lent to a preemptible tenant either: its slots would come back only as the borrowed
         requests end."""
-        settings = self.pool.preemption
-        if not settings.enabled or self.waste_percent() <= settings.max_waste_percent:
+        if not self._waste_capped():
             return self.pool
+        settings = self.pool.preemption
         return self.pool.model_copy(
             update={"preemption": settings.model_copy(update={"enabled": False})}
         )

@@ -64,6 +64,16 @@ class GatewaySession:
     allocation names."""
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """What a gateway's figures changed (GatewayRecord.take_figures)."""
+
+    started: bool
+    """Some tenant's requests started to queue there (none queued before, some now)."""
+    moved: bool
+    """Some tenant's requests in flight or queued there moved: what placement reads."""
+
+
 Row = NDArray[np.int64]
 """One gateway's figure for every tenant of the pool, in PoolState.tenants' order."""
 
@@ -130,15 +140,15 @@ class GatewayRecord:
         *,
         delta: bool = False,
         replaced: Callable[[TenantDemand | None, TenantDemand | None], None] | None = None,
-    ) -> bool:
+    ) -> Taken:
         """Hold `demand` (of the tenants in `index`) as this gateway's figures, observed at
         `observed_at_wall_s`: all of them (a tenant not named has none), or with `delta` only the
         named tenants' (the others stand). Always the newest: one session is one gRPC stream,
         which delivers in order, so an earlier stamp means the gateway's clock stepped back, not
         an old message (dropping it would freeze the gateway's demand until its clock caught
         up). Costs about the number of tenants named; `replaced` hears of every figure that
-        leaves (old, None), comes (None, new) or changes (old, new). Returns whether some
-        tenant's requests started to queue here (none queued before, some now)."""
+        leaves (old, None), comes (None, new) or changes (old, new)."""
+        in_flight, queued = self.in_flight, self.queued
         if not delta:
             if replaced is not None:
                 for gone in self.demand.values():
@@ -147,7 +157,7 @@ class GatewayRecord:
             self.in_flight = zeros_row(len(index))
             self.queued = zeros_row(len(index))
         held = self.demand
-        started = False
+        started = moved = False
         for figures in demand:
             column = index.get(figures.tenant)
             if column is None:
@@ -156,23 +166,36 @@ class GatewayRecord:
             held[figures.tenant] = figures
             if replaced is not None:
                 replaced(before, figures)
-            self.in_flight[column] = figures.in_flight
             if figures.queued > 0 and (before is None or before.queued == 0):
                 started = True
+            if delta and (
+                self.in_flight[column] != figures.in_flight or self.queued[column] != figures.queued
+            ):
+                moved = True
+            self.in_flight[column] = figures.in_flight
             self.queued[column] = figures.queued
         self.observed_at_wall_s = observed_at_wall_s
-        return started
+        if not delta:
+            moved = not (
+                np.array_equal(in_flight, self.in_flight) and np.array_equal(queued, self.queued)
+            )
+        return Taken(started=started, moved=moved)
 
-    def enforcing(self, version: int) -> None:
+    def enforcing(self, version: int) -> bool:
         """The gateway says it enforces `version` now (an acknowledgement, or a report's
         `applied_version`: so the next report heals a lost acknowledgement). Its limits then are
-        those sent with `version`; versions up to it are no longer pending."""
+        those sent with `version`; versions up to it are no longer pending. Returns whether the
+        most it may hold by its limits (acknowledged or pending) fell."""
+        acked, pending = self.acked, self.pending
         if version in self.sent:
             self.acked = self.sent[version]
         if any(v <= version for v in self.sent):
             self.sent = {v: limits for v, limits in self.sent.items() if v > version}
             self.pending = row_max(self.sent.values(), self.acked.size)
         self.applied_version = max(self.applied_version, version)
+        if self.acked is acked and self.pending is pending:
+            return False
+        return not np.array_equal(np.maximum(acked, pending), np.maximum(self.acked, self.pending))
 
     def send(self, version: int, limits: Row, now_s: float) -> None:
         """`limits` go out to the gateway as `version`."""

@@ -6,6 +6,7 @@ import numpy as np
 
 from controlplane.registry import GatewayRegistry, TenantDirectory
 from slotshift.clock import ManualClock
+from slotshift.demand import TenantDemand
 
 DIRECTORY = TenantDirectory(pool="p", config_version=1, tenants={})
 
@@ -38,8 +39,27 @@ def test_bounds_are_the_most_of_in_flight_acknowledged_and_pending() -> None:
     record.acked[:] = [2, 3, 1]
     record.send(1, np.array([1, 1, 4], dtype=np.int64), now_s=0.0)
     assert record.bounds().tolist() == [5, 3, 4]
-    record.enforcing(1)
+    assert record.enforcing(1), "what its limits let it hold fell (3 -> 1)"
     assert record.bounds().tolist() == [5, 1, 4], "acknowledged: the sent limits are in force"
+    assert not record.enforcing(1), "said again: nothing fell"
+    record.send(2, np.array([1, 1, 4], dtype=np.int64), now_s=0.0)
+    assert not record.enforcing(2), "the same limits again: nothing fell"
+
+
+def test_taking_figures_says_whether_requests_moved_or_started_to_queue() -> None:
+    registry = _registry(ManualClock())
+    record, _ = registry.connect("gw", 2, 0, DIRECTORY)
+    index = {"A": 0, "B": 1}
+    taken = record.take_figures([TenantDemand("A", in_flight=2)], None, index)
+    assert taken.moved and not taken.started
+    taken = record.take_figures([TenantDemand("A", in_flight=2, admitted_total=9)], None, index)
+    assert not taken.moved, "a counter alone moves nothing placement reads"
+    taken = record.take_figures([TenantDemand("B", queued=1)], None, index, delta=True)
+    assert taken.moved and taken.started
+    taken = record.take_figures([TenantDemand("B", queued=1)], None, index, delta=True)
+    assert not taken.moved and not taken.started
+    taken = record.take_figures([TenantDemand("B", queued=1)], None, index)
+    assert taken.moved, "a whole report without A: A's requests are gone"
 
 
 def test_a_disconnected_gateway_counts_until_its_lease_runs_out() -> None:
