@@ -109,6 +109,9 @@ class DecisionLoop:
         state = self.state
         pool = state.policy_pool
         trace_context = carrier_of(span)
+        # Every period the pool's limits are split anew by where the demand is; a decision the
+        # fast path or a config change asks for moves only the tenants whose limit it moved.
+        whole = trigger == "period"
         state.expire_leases()
         snapshot = state.snapshot()
         if advice is not None:
@@ -148,7 +151,11 @@ class DecisionLoop:
             if dict(decision.limits) != dict(state.allocation.tenant_limits):
                 previous = dict(state.allocation.tenant_limits)
                 state.apply_limits(
-                    decision.limits, decision_id, self.policy.name, trace_context=trace_context
+                    decision.limits,
+                    decision_id,
+                    self.policy.name,
+                    trace_context=trace_context,
+                    resplit=whole,
                 )
                 outcome = DecisionOutcome.PUBLISHED
                 logger.info(
@@ -162,8 +169,8 @@ class DecisionLoop:
             else:
                 # The tenant limits hold, but where their demand is may have moved between
                 # gateways (a gateway that uses all its part never looks stale to the others'
-                # queues), and drains may let grants move: re-split every period.
-                state.reconcile(resplit=True, trace_context=trace_context)
+                # queues).
+                state.reconcile(resplit=whole, trace_context=trace_context)
         duration_ms = (time.perf_counter() - started) * 1000
         record = DecisionRecord(
             id=decision_id,

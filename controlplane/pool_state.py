@@ -140,6 +140,9 @@ class PoolState:
         """Whether, at the last reconcile, some cell's grant was below its target."""
         self._regrant_due = False
         """Whether the next re-grant may give more than the last one with nothing moved."""
+        self._whole_split_due_s = -float("inf")
+        """When every tenant's limit is split anew by where its demand is (at least once a
+        decision period); in between, only the tenants that need it (_moved_parts)."""
         self._held = False
         """Whether the restart hold was on at the last reconcile."""
         self._capped = False
@@ -321,8 +324,8 @@ class PoolState:
         changes nothing while every cell has its target, the bounds are within the budget and
         no tenant drains (the grants are the targets whatever the bounds); counters alone
         (admitted, tokens, latencies) change nothing unless they move the waste share across its
-        cap; and the restart hold's end and a drained tenant's column leaving are changes of
-        their own. Skipping the rest keeps the
+        cap; and the restart hold's end, a drained tenant's column leaving and a whole re-split
+        falling due are changes of their own. Skipping the rest keeps the
         cost of a report proportional to what it changed (tests/unit/controlplane/
         test_pool_state.py holds it to a re-grant after every message)."""
         if not (
@@ -332,6 +335,7 @@ class PoolState:
             or (self._held and not self.holding)
             or self._waste_capped() != self._capped
             or self.allocation.cells.tenants != self.tenants
+            or self._clock.monotonic() >= self._whole_split_due_s
         ):
             return
         if self.reconcile_soon is None:
@@ -506,17 +510,19 @@ class PoolState:
         policy: str,
         *,
         trace_context: Mapping[str, str] | None = None,
+        resplit: bool = True,
     ) -> bool:
         """Adopt validated tenant limits; True when a new allocation was published.
 
         `trace_context` (W3C) is the decision's: every allocation that carries these limits, now
-        or when later re-grants publish it, is pushed under it.
+        or when later re-grants publish it, is pushed under it. `resplit`: split every tenant's
+        limit anew by where its demand is; otherwise only those that need it (reconcile).
         """
         self.allocation = dataclasses.replace(
             self.allocation, tenant_limits=dict(limits), decision_id=decision_id, policy=policy
         )
         self._limits_trace_context = dict(trace_context or {})
-        return self.reconcile(resplit=True) is not None
+        return self.reconcile(resplit=resplit) is not None
 
     def reconcile(
         self,
@@ -527,6 +533,9 @@ class PoolState:
     ) -> Allocation | None:
         """Recompute what each gateway may admit; publish a new version if anything changed.
 
+        `resplit`: split every tenant's limit among the gateways anew by where its demand is
+        (as also happens when the gateways or tenants change, and at least once a decision
+        period); otherwise only the tenants that need it move (_moved_parts).
         `trace_context` (W3C) names what caused the change; by default the decision whose limits
         are in force (re-grants as gateways drain carry on that decision's work).
         """
@@ -547,10 +556,13 @@ class PoolState:
         previous = current.cells
         same_cells = previous.gateway_ids == connected and previous.tenants == tenants
         limits = self._row_of(current.tenant_limits)
-        if resplit or not same_cells or placement.split_is_stale(previous.targets, demand[live]):
-            live_targets = placement.split_targets(limits, demand[live])
+        live_demand = demand[live]
+        now = self._clock.monotonic()
+        if resplit or not same_cells or now >= self._whole_split_due_s:
+            live_targets = placement.split_targets(limits, live_demand)
+            self._whole_split_due_s = now + self.pool.decision_period_s
         else:
-            live_targets = np.array(previous.targets, dtype=np.int64)
+            live_targets = self._moved_parts(limits, live_demand, previous)
         targets = np.zeros_like(bounds)
         targets[live] = live_targets
         granted = _granted(previous, ids, tenants)
@@ -606,6 +618,25 @@ class PoolState:
                 tuple(t.name for t in self.pool.tenants) + tuple(sorted(self._draining))
             )
         return published
+
+    def _moved_parts(self, limits: Row, demand: Row2, previous: CellLimits) -> Row2:
+        """The connected gateways' parts of the tenant limits, between whole splits: only the
+        tenants that need it move, so that the other gateways get no update.
+
+        - A tenant whose limit moved is split anew: a cut comes from every gateway in proportion
+          to its demand, so that each gateway's finished requests return slots at once.
+        - A lending tenant (at most its nominal share) is split anew as soon as one gateway has
+          used its part up while another's idles: the lender's next request finds room.
+        - Any other tenant moves only when a request of it waits at one gateway while part of
+          its limit idles at another, and then by the fewest slots (placement.rebalance).
+        """
+        parts = previous.targets
+        anew = (limits != previous.pool_limits) | (
+            (limits <= self._row_of(self._nominal))
+            & placement.idle_beside(parts, demand, waiting_only=False)
+        )
+        waiting = ~anew & placement.idle_beside(parts, demand, waiting_only=True)
+        return placement.rebalance(demand, placement.resplit(limits, demand, parts, anew), waiting)
 
     def _pause_levels(self, in_flight: NDArray[np.int64], grants: NDArray[np.int64]) -> Row2:
         """Where preemptible tenants must pause work above their limits (core/placement.py),

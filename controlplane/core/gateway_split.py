@@ -43,19 +43,57 @@ def split_among_gateways(
     return parts
 
 
-def split_is_stale(targets: Mapping[str, Mapping[str, int]], demand: GatewayDemand) -> bool:
-    """True when some gateway has used up its part of a tenant's limit (its next request of that
-    tenant would queue, or already does) while another gateway holds part of that limit that it
-    does not use: a re-split now admits that request at once instead of after the next decision,
-    so the control plane re-splits without waiting for one."""
+def idle_beside(
+    targets: Mapping[str, Mapping[str, int]], demand: GatewayDemand, *, waiting_only: bool
+) -> set[str]:
+    """The tenants of whose limit some gateway leaves part unused while another gateway has
+    used its own part up (its next request would wait) or, with `waiting_only`, has a request
+    waiting (more in flight and queued than its part). A re-split then admits that request at
+    once instead of after the next decision."""
     tenants = {t for parts in targets.values() for t in parts}
+    found: set[str] = set()
     for tenant in tenants:
-        full = unused = False
+        used = unused = False
         for gateway, parts in targets.items():
             in_flight, queued = demand.get(gateway, {}).get(tenant, (0, 0))
             part = parts.get(tenant, 0)
-            full |= in_flight + queued >= part
-            unused |= part > in_flight + queued
-        if full and unused:
-            return True
-    return False
+            wanted = in_flight + queued
+            used |= wanted > part if waiting_only else wanted >= part
+            unused |= part > wanted
+        if used and unused:
+            found.add(tenant)
+    return found
+
+
+def rebalance(
+    demand: GatewayDemand, parts: Mapping[str, Mapping[str, int]], tenants: set[str]
+) -> dict[str, dict[str, int]]:
+    """Move the parts of `tenants` to where their requests wait, by the fewest moves: per
+    tenant, while a request waits at some gateway (more in flight and queued than its part)
+    and part of the limit idles at another (part above demand), the gateway that idles most
+    gives one slot to the gateway that waits most (gateways in sorted order, ties to the earlier
+    one).
+
+    Contract: each tenant's parts keep their sum; parts stay whole and non-negative; afterwards
+    no request of a named tenant waits while part of its limit idles; a part only moves toward
+    its gateway's demand; tenants not named keep their parts.
+    """
+    gateways = sorted(demand)
+    result = {g: dict(parts.get(g, {})) for g in gateways}
+
+    def first_max(values: list[int]) -> int:
+        return values.index(max(values))
+
+    for tenant in tenants:
+        part = [result[g].get(tenant, 0) for g in gateways]
+        wanted = [sum(demand[g].get(tenant, (0, 0))) for g in gateways]
+        while gateways:
+            waits = [w - p for w, p in zip(wanted, part, strict=True)]
+            idles = [-x for x in waits]
+            if max(waits) <= 0 or max(idles) <= 0:
+                break
+            part[first_max(idles)] -= 1
+            part[first_max(waits)] += 1
+        for gateway, value in zip(gateways, part, strict=True):
+            result[gateway][tenant] = value
+    return result

@@ -117,14 +117,68 @@ def _demand_split(limits: Counts, demand: Counts) -> Counts:
     return result
 
 
-def split_is_stale(targets: Counts, demand: Counts) -> bool:
-    """`gateway_split.split_is_stale`: some gateway has used up its part of a tenant's limit while
-    another holds part of it unused, so a re-split admits a waiting request at once."""
+def idle_beside(targets: Counts, demand: Counts, *, waiting_only: bool) -> NDArray[np.bool_]:
+    """Per column (`gateway_split.idle_beside`): some gateway leaves part of the tenant's limit
+    unused while another has used its own up (demand at or above its part) or, with
+    `waiting_only`, has a request waiting (demand above its part)."""
     if targets.size == 0:
-        return False
-    full = (demand >= targets).any(axis=0)
-    unused = (targets > demand).any(axis=0)
-    return bool((full & unused).any())
+        return np.zeros(targets.shape[1], dtype=bool)
+    used = np.greater(demand, targets) if waiting_only else np.greater_equal(demand, targets)
+    idle: NDArray[np.bool_] = np.asarray(used.any(axis=0) & (targets > demand).any(axis=0))
+    return idle
+
+
+def resplit(limits: Counts, demand: Counts, targets: Counts, columns: NDArray[np.bool_]) -> Counts:
+    """`targets` with the tenants of `columns` split anew (`split_targets`), the others as
+    they are."""
+    result = np.array(targets, dtype=np.int64)
+    if columns.any():
+        result[:, columns] = split_targets(limits[columns], demand[:, columns])
+    return result
+
+
+def rebalance(demand: Counts, targets: Counts, columns: NDArray[np.bool_]) -> Counts:
+    """`targets` with the parts of the tenants of `columns` moved to where their requests wait,
+    by the fewest moves (`gateway_split.rebalance`, same contract); the others as they are.
+
+    Per column, while a request waits at one gateway (demand above its part) and part of the
+    limit idles at another (part above demand), a slot moves from the gateway that idles most to
+    the one that waits most, ties to the earlier gateway. The gateways that give never wait and
+    those that take never idle, so the moves are two water-fills over the column, done for every
+    column at once.
+    """
+    result = np.array(targets, dtype=np.int64)
+    chosen = np.flatnonzero(columns)
+    if chosen.size == 0 or result.shape[0] == 0:
+        return result
+    parts = result[:, chosen]
+    short = demand[:, chosen] - parts
+    waiting = np.maximum(short, 0)
+    idle = np.maximum(-short, 0)
+    moves = np.minimum(waiting.sum(axis=0), idle.sum(axis=0))
+    result[:, chosen] = parts + _take_from_top(waiting, moves) - _take_from_top(idle, moves)
+    return result
+
+
+def _take_from_top(values: Counts, count: Counts) -> Counts:
+    """How much to take from each cell (values >= 0) so that `count[c]` units leave column c one
+    at a time, each from the cell with the largest value (ties to the earlier row), none below
+    0; `count` is at most the column's sum. A water-fill: every cell above a level is cut to it,
+    and what is left comes one each from the earliest cells at the level."""
+    low = np.zeros(values.shape[1], dtype=np.int64)
+    high = values.max(axis=0)
+    # The least level with at most `count` above it.
+    while (low < high).any():
+        middle = (low + high) // 2
+        fits = (values - middle).clip(min=0).sum(axis=0) <= count
+        high = np.where(fits, middle, high)
+        low = np.where(fits, low, middle + 1)
+    kept = np.minimum(values, high)
+    taken: Counts = values - kept
+    left = count - taken.sum(axis=0)
+    at_level = (kept == high) & (high > 0)
+    taken += at_level & (np.cumsum(at_level, axis=0) <= left)
+    return taken
 
 
 def grant(budget: int, targets: Counts, granted: Counts, bounds: Counts) -> Counts:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from controlplane.core.gateway_split import split_among_gateways, split_is_stale
+from controlplane.core.gateway_split import idle_beside, rebalance, split_among_gateways
 
 
 def test_parts_sum_to_each_limit_on_random_cases() -> None:
@@ -49,24 +49,47 @@ def test_no_gateways_no_parts() -> None:
     assert split_among_gateways({"A": 4}, {}) == {}
 
 
-def test_stale_when_one_gateway_has_used_its_part_while_another_holds_unused_part() -> None:
-    targets = {"g1": {"A": 3}, "g2": {"A": 10}}
-    # g1 queues, or is full and its next request would queue; g2 does not use all of its part.
-    assert split_is_stale(targets, {"g1": {"A": (3, 2)}, "g2": {"A": (2, 0)}})
-    assert split_is_stale(targets, {"g1": {"A": (3, 0)}, "g2": {"A": (2, 0)}})
+def test_idle_beside_a_gateway_that_used_its_part_up_or_has_a_request_waiting() -> None:
+    targets = {"g1": {"A": 3, "B": 1}, "g2": {"A": 10, "B": 1}}
+
+    def idle(demand: dict[str, dict[str, tuple[int, int]]]) -> tuple[set[str], set[str]]:
+        return (
+            idle_beside(targets, demand, waiting_only=False),
+            idle_beside(targets, demand, waiting_only=True),
+        )
+
+    # g1 has one of A's requests queued beyond its part; g2 does not use all of its part.
+    assert idle({"g1": {"A": (3, 1)}, "g2": {"A": (2, 0)}}) == ({"A"}, {"A"})
+    # g1 has just used its part up: its next request would wait, nobody waits yet.
+    assert idle({"g1": {"A": (3, 0)}, "g2": {"A": (2, 0)}}) == ({"A"}, set())
     # Both use their parts in full: nothing to move.
-    assert not split_is_stale(targets, {"g1": {"A": (3, 3)}, "g2": {"A": (10, 5)}})
+    assert idle({"g1": {"A": (3, 3)}, "g2": {"A": (10, 5)}}) == (set(), set())
     # Both have room left.
-    assert not split_is_stale(targets, {"g1": {"A": (2, 0)}, "g2": {"A": (2, 0)}})
+    assert idle({"g1": {"A": (2, 0)}, "g2": {"A": (2, 0)}}) == (set(), set())
+    # Only the tenant concerned is named.
+    demand = {"g1": {"A": (3, 1), "B": (1, 1)}, "g2": {"A": (2, 0), "B": (1, 0)}}
+    assert idle(demand) == ({"A"}, {"A"})
 
 
-def test_a_fresh_split_is_not_stale_unless_the_headroom_is_less_than_a_slot_each() -> None:
+def test_a_fresh_split_leaves_no_request_waiting_beside_an_idle_part() -> None:
     rng = random.Random(5)
     for _ in range(500):
-        demand = {f"g{g}": {"A": (rng.randint(0, 20), 0)} for g in range(rng.randint(1, 4))}
+        demand = {
+            f"g{g}": {"A": (rng.randint(0, 20), rng.randint(0, 5))}
+            for g in range(rng.randint(1, 4))
+        }
         wanted = sum(
-            in_flight for by_tenant in demand.values() for in_flight, _ in by_tenant.values()
+            sum(figures) for by_tenant in demand.values() for figures in by_tenant.values()
         )
-        limit = wanted + rng.randint(len(demand), 30)
+        limit = rng.randint(0, wanted + 30)
         parts = split_among_gateways({"A": limit}, demand)
-        assert not split_is_stale(parts, demand)
+        assert idle_beside(parts, demand, waiting_only=True) == set(), (limit, demand)
+        if limit >= wanted + len(demand):
+            assert idle_beside(parts, demand, waiting_only=False) == set(), (limit, demand)
+
+
+def test_rebalance_moves_one_slot_from_the_most_idle_to_the_most_waiting() -> None:
+    parts = {"g1": {"A": 1}, "g2": {"A": 4}, "g3": {"A": 3}}
+    demand = {"g1": {"A": (1, 2)}, "g2": {"A": (1, 0)}, "g3": {"A": (2, 0)}}
+    assert rebalance(demand, parts, {"A"}) == {"g1": {"A": 3}, "g2": {"A": 2}, "g3": {"A": 3}}
+    assert rebalance(demand, parts, set()) == parts, "tenants not named keep their parts"

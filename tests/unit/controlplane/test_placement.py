@@ -11,16 +11,20 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.core.gateway_split import split_among_gateways, split_is_stale
+from controlplane.core.gateway_split import idle_beside as reference_idle_beside
+from controlplane.core.gateway_split import rebalance as reference_rebalance
+from controlplane.core.gateway_split import split_among_gateways
 from controlplane.core.grants import Cell, compute_grants
 from controlplane.core.placement import (
     PauseTerms,
     grant,
+    idle_beside,
     largest_remainder,
     pause_levels,
+    rebalance,
+    resplit,
     split_targets,
 )
-from controlplane.core.placement import split_is_stale as stale
 from controlplane.core.preemption import CellLoad, TenantTerms
 from controlplane.core.preemption import pause_levels as reference_pause_levels
 from slotshift.apportion import Claim, apportion
@@ -76,7 +80,41 @@ def test_split_targets_equals_split_among_gateways(data: st.DataObject) -> None:
     moved_demand = {
         GATEWAYS[i]: {TENANTS[j]: (int(moved[i, j]), 0) for j in range(t)} for i in range(g)
     }
-    assert stale(got, moved) == split_is_stale(targets, moved_demand)
+    for waiting_only in (False, True):
+        columns = idle_beside(got, moved, waiting_only=waiting_only)
+        expected_tenants = reference_idle_beside(targets, moved_demand, waiting_only=waiting_only)
+        assert {TENANTS[j] for j in np.flatnonzero(columns)} == expected_tenants
+    # A re-split moves only the named tenants, each as a whole split would.
+    columns = np.array(data.draw(st.lists(st.booleans(), min_size=t, max_size=t)))
+    again = resplit(limits.astype(np.int64), moved, got, columns)
+    whole = split_targets(limits.astype(np.int64), moved)
+    assert (again[:, columns] == whole[:, columns]).all()
+    assert (again[:, ~columns] == got[:, ~columns]).all()
+
+
+@given(st.data())
+@settings(max_examples=400, deadline=None)
+def test_rebalance_equals_the_reference_and_keeps_its_contract(data: st.DataObject) -> None:
+    g, t = data.draw(_shape())
+    parts = data.draw(_matrix(g, t, 12))
+    demand = data.draw(_matrix(g, t, 12))
+    columns = np.array(data.draw(st.lists(st.booleans(), min_size=t, max_size=t)))
+    got = rebalance(demand, parts, columns)
+    expected = reference_rebalance(
+        {GATEWAYS[i]: {TENANTS[j]: (int(demand[i, j]), 0) for j in range(t)} for i in range(g)},
+        {GATEWAYS[i]: {TENANTS[j]: int(parts[i, j]) for j in range(t)} for i in range(g)},
+        {TENANTS[j] for j in range(t) if columns[j]},
+    )
+    for i in range(g):
+        for j in range(t):
+            assert got[i, j] == expected[GATEWAYS[i]][TENANTS[j]], (i, j)
+    assert (got >= 0).all()
+    assert (got.sum(axis=0) == parts.sum(axis=0)).all(), "each tenant's parts keep their sum"
+    assert (got[:, ~columns] == parts[:, ~columns]).all(), "tenants not named keep their parts"
+    after = idle_beside(got, demand, waiting_only=True)
+    assert not after[columns].any(), "no request waits beside an idle part"
+    moved = got - parts
+    assert ((moved == 0) | (np.sign(moved) == np.sign(demand - parts))).all(), "toward demand"
 
 
 @given(st.data())
@@ -132,7 +170,7 @@ def test_pause_levels_equal_the_reference(data: st.DataObject) -> None:
 def test_no_gateways_place_nothing() -> None:
     empty = np.zeros((0, 3), dtype=np.int64)
     assert split_targets(np.array([4, 5, 6], dtype=np.int64), empty).shape == (0, 3)
-    assert not stale(empty, empty)
+    assert not idle_beside(empty, empty, waiting_only=False).any()
     assert grant(10, empty, empty, empty).shape == (0, 3)
 
 
