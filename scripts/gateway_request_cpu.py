@@ -1,7 +1,8 @@
 """CPU per non-streamed request of each proxy of `slotshift bench-gateway`, read off /proc: where a
 request's added latency goes, for the gateway, the least aiohttp relay (aiohttp_relay.py: what a
-proxy on aiohttp's server and client pays before any work of its own), the bare TCP relay and
-HAProxy (when installed).
+proxy on aiohttp's server and client pays before any work of its own), the bare TCP relay, the
+relay on asyncio protocols and llhttp (protocol_relay.py, when httptools is installed) and HAProxy
+(when installed).
 
     python scripts/gateway_request_cpu.py --requests 3000 [--out FILE.json]
 
@@ -43,6 +44,8 @@ async def measure(requests: int, out: Path) -> dict[str, dict[str, float]]:
         ("aiohttp-relay", found.aiohttp_relay),
         ("tcp-relay", found.tcp_relay),
     ]
+    if found.protocol_relay is not None:
+        targets.append(("protocol-relay", found.protocol_relay))
     if found.haproxy is not None:
         targets.append(("haproxy", found.haproxy))
     figures: dict[str, dict[str, float]] = {}

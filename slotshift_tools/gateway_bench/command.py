@@ -4,18 +4,18 @@
 
 Each run measures, in order: non-streamed latency, TTFT, and the TTFT's control, a non-streamed
 request after as long an idle as the TTFT probe's stream has between its tokens (`--pairs`
-interleaved requests per target each), CPU per 1,000 relayed events over `--window-s` of
-concurrent streams (plain and preemptible tenants through the gateway, plain through the bare
-TCP relay of tcp_relay.py, the floor under any Python proxy, through the least aiohttp relay of
-aiohttp_relay.py, and through HAProxy, and direct for
-the upstream's and the harness's own cost), and the interactive tenant's TTFT while the batch
-tenant streams `--batch-events-per-s` through each proxy, and the price of token
-accounting: the mixed load of mix.py (plain, cut and paused streams) through two gateways that
-differ only in `gateway.count_tokens`, each in front of a pool of its own, both at once in one
-window. The headline figures are the medians over the runs. Outputs in DIR: gateway.json,
-gateway.png, summary.md, the generated configs and every process's log. Exit status: 0 when
-every run measured, 1 when a process failed or a request of the bench failed, 2 for bad
-arguments.
+interleaved requests per target each), CPU per 1,000 relayed events over `--window-s` of concurrent
+streams (plain and preemptible tenants through the gateway, plain through the bare TCP relay of
+tcp_relay.py, the floor under any Python proxy, through the least aiohttp relay of
+aiohttp_relay.py, through the relay on asyncio protocols and llhttp of protocol_relay.py (when
+httptools is installed), and through HAProxy, and direct for the upstream's and the harness's own
+cost), and the interactive tenant's TTFT while the batch tenant streams `--batch-events-per-s`
+through each proxy, and the price of token accounting: the mixed load of mix.py (plain, cut and
+paused streams) through two gateways that differ only in `gateway.count_tokens`, each in front of a
+pool of its own, both at once in one window. The headline figures are the medians over the runs.
+Outputs in DIR: gateway.json, gateway.png, summary.md, the generated configs and every process's
+log. Exit status: 0 when every run measured, 1 when a process failed or a request of the bench
+failed, 2 for bad arguments.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from slotshift_tools.gateway_bench.processes import (
     INTERACTIVE,
     MIX_GATEWAYS,
     PREEMPTIBLE,
+    PROTOCOL_RELAY_MISSING,
     BenchProcessError,
     BenchProcesses,
     Targets,
@@ -178,6 +179,8 @@ def _targets(found: Targets) -> list[Target]:
         Target("tcp-relay", found.tcp_relay, found.keys),
         Target("aiohttp-relay", found.aiohttp_relay, found.keys),
     ]
+    if found.protocol_relay is not None:
+        targets.append(Target("protocol-relay", found.protocol_relay, found.keys))
     if found.haproxy is not None:
         targets.append(Target("haproxy", found.haproxy, found.keys))
     return targets
@@ -375,6 +378,13 @@ async def run_bench(settings: dict[str, Any], out_dir: Path, clock: Clock) -> di
                 logger.warning("%s", HAPROXY_MISSING)
         else:
             peers["haproxy"] = {"available": True, "version": processes.haproxy_version}
+        peers["protocol-relay"] = (
+            {"available": True}
+            if found.protocol_relay is not None
+            else {"available": False, "message": PROTOCOL_RELAY_MISSING}
+        )
+        if found.protocol_relay is None:
+            logger.warning("%s", PROTOCOL_RELAY_MISSING)
         targets = _targets(found)
         mix_targets = {name: Target(name, url, found.keys) for name, url in found.mix.items()}
         runs = []
@@ -447,8 +457,9 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchProcessError, BenchRequestError) as exc:
         print(f"slotshift bench-gateway: {exc}", file=sys.stderr)
         return 1
-    if not document["peers"]["haproxy"]["available"]:
-        print(f"note: {document['peers']['haproxy']['message']}")
+    for peer in ("haproxy", "protocol-relay"):
+        if not document["peers"][peer]["available"]:
+            print(f"note: {document['peers'][peer]['message']}")
     print(markdown_table(document["figures"]), end="")
     if document["contended"]:
         print(

@@ -398,14 +398,18 @@ def run_relay(
     module: str,
     relay: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
     argv: list[str] | None,
+    more_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> int:
-    """A bench relay's command line (`python -m MODULE --port P --upstream-port U`): run
-    `relay(args)` on uvloop until it returns (at SIGINT or SIGTERM); exit status 0."""
+    """A bench relay's command line (`python -m MODULE --port P --upstream-port U`, and what
+    `more_arguments` adds to the parser): run `relay(args)` on uvloop until it returns (at SIGINT
+    or SIGTERM); exit status 0."""
     parser = argparse.ArgumentParser(prog=f"python -m {module}")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream-host", default="127.0.0.1")
     parser.add_argument("--upstream-port", type=int, required=True)
+    if more_arguments is not None:
+        more_arguments(parser)
     uvloop.run(relay(parser.parse_args(argv)))
     return 0
 

@@ -10,6 +10,7 @@ import pytest
 from matplotlib.image import imread
 
 from slotshift_tools.gateway_bench.haproxy import find_haproxy
+from slotshift_tools.gateway_bench.processes import protocol_relay_available
 from slotshift_tools.gateway_bench.report import FIGURES
 from tests.e2e.service_processes import run_in_checkout
 
@@ -39,7 +40,10 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     assert document["peers"]["haproxy"]["available"] is haproxy
     if not haproxy:
         assert "haproxy is not installed" in result.stdout
-    proxies = ["gateway", "tcp-relay", "aiohttp-relay"] + (["haproxy"] if haproxy else [])
+    protocol = protocol_relay_available()
+    assert document["peers"]["protocol-relay"]["available"] is protocol
+    proxies = ["gateway", "tcp-relay", "aiohttp-relay"]
+    proxies += (["protocol-relay"] if protocol else []) + (["haproxy"] if haproxy else [])
     assert list(document["figures"]) == proxies
 
     gateway = document["figures"]["gateway"]
@@ -55,6 +59,8 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     assert 0 < floor < gateway["cpu_ms_per_1000_events_plain"]
     # The aiohttp relay relays them through aiohttp's parsers: more than the bare relay's.
     assert document["figures"]["aiohttp-relay"]["cpu_ms_per_1000_events_plain"] > floor
+    if protocol:
+        assert document["figures"]["protocol-relay"]["cpu_ms_per_1000_events_plain"] > 0
     if haproxy:
         # CPU is read in 10 ms ticks: HAProxy's few ms of a quick window may read as none.
         assert document["figures"]["haproxy"]["cpu_ms_per_1000_events_plain"] >= 0
@@ -95,6 +101,7 @@ def test_the_request_cpu_script_reads_every_proxys_cost_per_request(tmp_path: Pa
     )
     figures = json.loads(out.read_text())["figures"]
     expected = ["gateway", "aiohttp-relay", "tcp-relay"]
+    expected += ["protocol-relay"] if protocol_relay_available() else []
     assert list(figures) == expected + (["haproxy"] if find_haproxy() is not None else [])
     assert all(f["wall_ms_per_request"] > 0 for f in figures.values()), figures
     # CPU is read in 10 ms ticks; over 100 requests the gateway's is well over one.
