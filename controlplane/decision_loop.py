@@ -18,6 +18,7 @@ from typing import Protocol
 from opentelemetry import trace
 from opentelemetry.context import Context
 
+from controlplane.core.pacing import paced_rest_s
 from controlplane.core.policy import AllocationPolicy
 from controlplane.core.publishable import holding_reserves
 from controlplane.core.snapshot import Advice, PoolSnapshot
@@ -193,15 +194,17 @@ class DecisionLoop:
 
     async def run(self) -> None:
         """Decide now, then every period, or sooner when the fast path asks (at once, unless
-        the last decision began less than fast_path_min_interval_s ago: then when that much
-        time has passed), until cancelled."""
-        pool = self.state.pool
+        the last decision began less than fast_path_min_interval_s ago or the fast path would
+        take more than fast_path_max_cores of a core: then when that is over), until
+        cancelled."""
         wanted = self.state.decision_wanted
         trigger = "period"
         while True:
+            pool = self.state.pool
             wanted.clear()
             began = self._clock.monotonic()
             await self.decide(trigger=trigger)
+            ended = self._clock.monotonic()
             try:
                 await asyncio.wait_for(wanted.wait(), timeout=pool.decision_period_s)
             except TimeoutError:
@@ -211,6 +214,8 @@ class DecisionLoop:
                 # Rate limit: a burst of reports must not turn into a burst of decisions. A wish
                 # after a quiet spell is served at once: a lender's first queued request must
                 # not wait out an interval nobody used.
-                delay_s = began + pool.fast_path_min_interval_s - self._clock.monotonic()
+                delay_s = paced_rest_s(
+                    began, ended, pool.fast_path_min_interval_s, pool.fast_path_max_cores
+                ) - (self._clock.monotonic() - ended)
                 if delay_s > 0:
                     await asyncio.sleep(delay_s)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from opentelemetry import trace
 
 from controlplane.agent_advisor import ChatAdvisor
+from controlplane.core.pacing import paced_rest_s
 from controlplane.core.policies import make_policy
 from controlplane.decision_log import DecisionRecord
 from controlplane.decision_loop import DecisionLoop, DecisionObserver
@@ -39,12 +40,14 @@ class PoolRuntime:
         *,
         clock: Clock,
         reconcile_min_interval_s: float,
+        reconcile_max_cores: float = 1.0,
         observers: list[DecisionObserver] | None = None,
         tracer: trace.Tracer | None = None,
     ) -> None:
         self.state = state
         self._clock = clock
         self._reconcile_min_interval_s = reconcile_min_interval_s
+        self._reconcile_max_cores = reconcile_max_cores
         pool = state.pool
         self._advisor = ChatAdvisor(pool, pool.agent_policy) if pool.policy == "agent" else None
         self.loop = DecisionLoop(
@@ -70,8 +73,9 @@ class PoolRuntime:
 
     async def regrants(self) -> None:
         """Re-grant the pool whenever its gateways' figures or enforced limits moved, at most
-        once per interval: a burst of reports and acks is one pass over the cells. Until
-        cancelled; while it runs, reports and acks no longer reconcile each."""
+        once per interval and within `reconcile_max_cores` of a core (paced_rest_s): a burst of
+        reports and acks is one pass over the cells. Until cancelled; while it runs, reports and
+        acks no longer reconcile each."""
         state = self.state
         state.reconcile_soon = self._regrant_wanted.set
         try:
@@ -80,7 +84,12 @@ class PoolRuntime:
                 self._regrant_wanted.clear()
                 began = self._clock.monotonic()
                 state.reconcile()
-                rest_s = began + self._reconcile_min_interval_s - self._clock.monotonic()
+                rest_s = paced_rest_s(
+                    began,
+                    self._clock.monotonic(),
+                    self._reconcile_min_interval_s,
+                    self._reconcile_max_cores,
+                )
                 if rest_s > 0:
                     await asyncio.sleep(rest_s)
         finally:

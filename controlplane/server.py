@@ -137,6 +137,7 @@ class ControlPlane:
                 state,
                 clock=self._clock,
                 reconcile_min_interval_s=settings.reconcile_min_interval_ms / 1000,
+                reconcile_max_cores=settings.reconcile_max_cores,
                 observers=[self.metrics.observe_decision, *(decision_observers or [])],
                 tracer=self._tracer,
             )

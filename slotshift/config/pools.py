@@ -116,6 +116,13 @@ class PoolConfig(ConfigModel):
     bench/scenarios/burst-full-share.yaml was 173 ms, at 0.02 s 101 ms). At most
     1 / this many fast-path decisions a second."""
 
+    fast_path_max_cores: Annotated[float, Field(gt=0, le=1)] = 0.1
+    """Most of one CPU core the pool's fast-path decisions keep busy: after a decision that took
+    d seconds the next the fast path asks for waits at least d / this minus d (and at least
+    fast_path_min_interval_s), so that a pool of thousands of tenants, whose decision takes
+    milliseconds, decides on the fast path less often rather than taking the process's core.
+    Period decisions are not held back."""
+
     models: list[ModelName] = Field(default_factory=list)
     """The model names the pool's engine serves (what a request's `model` says; vLLM's
     `--served-model-name`). The gateways send a request to a pool that serves its model; pools

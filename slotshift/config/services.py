@@ -88,6 +88,13 @@ class ControlPlaneConfig(ConfigModel):
     are taken in one pass over the pool's cells (which costs about a millisecond per 100,000
     cells) instead of one pass each. A lent slot waits at most this long more to come back."""
 
+    reconcile_max_cores: Annotated[float, Field(gt=0, le=1)] = 0.1
+    """Most of one CPU core a pool's re-grants keep busy: after a pass that took d seconds the
+    next waits at least d / this minus d (and at least reconcile_min_interval_ms), so that a
+    large pool re-grants less often rather than taking the process's core (a 100,000-cell pass
+    of 2 ms: at most 50 a second). A pool whose pass is quicker than a tenth of
+    reconcile_min_interval_ms is paced by that alone."""
+
     config_reload_interval_s: Annotated[float, Field(ge=0)] = 10.0
     """Seconds between two looks at the config file (its content and that of the key files it
     names, hashed: a Kubernetes ConfigMap mount changes by a symlink swap, which no modification

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import grpc
 import numpy as np
+import pytest
 
 from controlplane.core.allocation import NO_PAUSE, CellLimits
 from controlplane.pool_state import PoolState
@@ -170,3 +171,41 @@ async def test_a_burst_of_reports_is_one_regrant_under_the_runtime() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await regrants
     assert state.reconcile_soon is None, "without the runtime, messages reconcile at once"
+
+
+@pytest.mark.parametrize("max_cores", [1.0, 0.1])
+async def test_a_costly_regrant_rests_to_keep_within_its_share_of_a_core(max_cores: float) -> None:
+    """A re-grant that takes 100 s of the injected clock: with a whole core allowed the next
+    one runs at once; with a tenth it rests 900 s (the test would time out)."""
+    clock = ManualClock()
+    state = _state(clock)
+    session = state.connect_gateway("gw", 0, [])
+    runtime = PoolRuntime(
+        state, clock=clock, reconcile_min_interval_s=SLOT_S, reconcile_max_cores=max_cores
+    )
+    passes = 0
+    reconcile = state.reconcile
+
+    def slow(**kwargs: Any) -> Any:
+        nonlocal passes
+        passes += 1
+        clock.advance(100.0)
+        return reconcile(**kwargs)
+
+    state.reconcile = slow  # type: ignore[method-assign]
+    regrants = asyncio.create_task(runtime.regrants(), name="regrants")
+    try:
+        await wait_until(lambda: state.reconcile_soon is not None, message="the runtime paces")
+        state.record_demand(session, 0, [TenantDemand("B", queued=1)])
+        await wait_until(lambda: passes == 1, message="the first re-grant")
+        state.record_demand(session, 0, [TenantDemand("B", queued=2)])
+        if max_cores == 1.0:
+            await wait_until(lambda: passes == 2, message="the next re-grant at once")
+        else:
+            for _ in range(50):
+                await asyncio.sleep(0)
+            assert passes == 1, "the next re-grant rests"
+    finally:
+        regrants.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await regrants
