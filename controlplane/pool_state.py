@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +34,7 @@ from controlplane.registry import (
     GatewaySession,
     Row,
     Row2,
+    Taken,
     TenantDirectory,
     columns_of,
 )
@@ -42,6 +43,26 @@ from slotshift.apportion import nominal_shares
 from slotshift.clock import Clock
 from slotshift.config import PoolConfig
 from slotshift.demand import LatencySummary, TenantDemand
+from slotshift.demand_columns import (
+    ADMITTED,
+    COMPLETED,
+    COUNTS,
+    E2E_COUNT,
+    E2E_P50,
+    E2E_P90,
+    E2E_P99,
+    IN_FLIGHT,
+    LIMIT,
+    OUTPUT_TOKENS,
+    QUEUED,
+    REJECTED,
+    TTFT_COUNT,
+    TTFT_P50,
+    TTFT_P90,
+    TTFT_P99,
+    WASTE_TOKENS,
+    DemandColumns,
+)
 from slotshift.keys import KeyDigester
 
 logger = logging.getLogger(__name__)
@@ -102,7 +123,7 @@ class PoolState:
         self.tenants: tuple[str, ...] = tuple(t.name for t in pool.tenants)
         """The columns of every gateway's rows: the pool's tenants, then the draining ones."""
         self._index = {name: column for column, name in enumerate(self.tenants)}
-        self._loads = _PoolLoads(t.name for t in pool.tenants)
+        self._sums = _PoolSums(len(self.tenants))
         self.allocation = Allocation(
             pool=pool.name,
             version=0,
@@ -124,8 +145,8 @@ class PoolState:
         self._limits_trace_context: Mapping[str, str] = {}
         """W3C context of the decision whose tenant limits are in force (empty: the nominal
         shares, before any decision changed them)."""
-        self._queued_before: dict[str, int] = {}
-        """Each pool tenant's requests queued over the gateways at the fast path's last look."""
+        self._queued_before = np.zeros(len(self.tenants), dtype=np.int64)
+        """Each tenant's requests queued over the gateways at the fast path's last look."""
         self._rows_cache: dict[tuple[int, tuple[str, ...]], tuple[Mapping[str, int], Row]] = {}
         self._preemptible: tuple[PoolConfig, tuple[str, ...], NDArray[np.bool_]] | None = None
         self._lending: NDArray[np.bool_] = np.zeros(0, dtype=bool)
@@ -166,7 +187,7 @@ class PoolState:
         self,
         gateway_id: str,
         applied_version: int,
-        demand: Iterable[TenantDemand],
+        demand: DemandColumns | Iterable[TenantDemand],
         *,
         observed_at_wall_s: float | None = None,
         trace_context: Mapping[str, str] | None = None,
@@ -181,11 +202,10 @@ class PoolState:
         )
         if previous is not None:
             self._forget_figures(previous)
-        record.take_figures(demand, observed_at_wall_s, self._index, replaced=self._loads.replaced)
+        self._sums.take(record.take_figures(_columns(demand), observed_at_wall_s, self._index))
         # What it enforces is what it says it enforces (limits sent to an earlier connection
         # and perhaps not yet applied still count: the registry kept them).
-        for name, figures in record.demand.items():
-            record.acked[self._index[name]] = figures.limit_slots
+        record.acked[record.held] = record.counts[LIMIT, record.held]
         # A restarted control plane continues above any version a gateway has seen, so that the
         # gateway does not ignore its updates as stale.
         self._version = max(self._version, applied_version)
@@ -198,7 +218,7 @@ class PoolState:
         self,
         session: GatewaySession,
         applied_version: int,
-        demand: Iterable[TenantDemand],
+        demand: DemandColumns | Iterable[TenantDemand],
         *,
         observed_at_wall_s: float | None = None,
         delta: bool = False,
@@ -212,9 +232,8 @@ class PoolState:
         record = self.gateways.live(session)
         if record is None:
             return False
-        taken = record.take_figures(
-            demand, observed_at_wall_s, self._index, delta=delta, replaced=self._loads.replaced
-        )
+        taken = record.take_figures(_columns(demand), observed_at_wall_s, self._index, delta=delta)
+        self._sums.take(taken)
         self._queue_started(record, taken.started)
         fell = record.enforcing(applied_version)
         # Kept for the version itself: should its acknowledgement still come, the push latency
@@ -228,25 +247,21 @@ class PoolState:
     def _check_fast_path(self) -> None:
         """Ask for a decision now when a tenant's queue grows while it holds less than its
         nominal share: waiting for the next period would leave it queueing behind lent slots."""
-        if not self.pool.fast_path:
-            self._loads.take_queue_moved()
-            return
         # Only the tenants whose queue moved since the last look: a report about k tenants
         # costs about k, not the pool's tenants times its gateways.
-        moved = self._loads.take_queue_moved()
-        if not moved:
+        moved = self._sums.take_queue_moved()
+        if not self.pool.fast_path or moved.size == 0:
             return
-        before = self._queued_before
-        grown: list[tuple[int, str, int]] = []
-        for tenant in moved:
-            queued = self._loads.queued(tenant)
-            if queued > before.get(tenant, 0):
-                grown.append((self._index[tenant], tenant, queued))
-            before[tenant] = queued
-        for _, tenant, queued in sorted(grown):
+        queued = self._sums.counts[QUEUED, moved]
+        grown = moved[queued > self._queued_before[moved]]
+        self._queued_before[moved] = queued
+        names = len(self.pool.tenants)
+        for column in grown[grown < names].tolist():
+            tenant = self.tenants[column]
             if self.allocation.tenant_limits[tenant] < self._nominal[tenant]:
                 self.fast_path_reason = (
-                    f"fast path: {tenant}'s queue grew to {queued} below its nominal share"
+                    f"fast path: {tenant}'s queue grew to "
+                    f"{int(self._sums.counts[QUEUED, column])} below its nominal share"
                 )
                 self.decision_wanted.set()
                 break
@@ -255,7 +270,7 @@ class PoolState:
         self,
         session: GatewaySession,
         version: int,
-        demand: Iterable[TenantDemand],
+        demand: DemandColumns | Iterable[TenantDemand],
         *,
         observed_at_wall_s: float | None = None,
         delta: bool = False,
@@ -269,9 +284,8 @@ class PoolState:
         latency = None if sent_at is None else self._clock.monotonic() - sent_at
         fell = record.enforcing(version)
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
-        taken = record.take_figures(
-            demand, observed_at_wall_s, self._index, delta=delta, replaced=self._loads.replaced
-        )
+        taken = record.take_figures(_columns(demand), observed_at_wall_s, self._index, delta=delta)
+        self._sums.take(taken)
         self._queue_started(record, taken.started)
         self._changed(moved=taken.moved, fell=fell)
         return latency
@@ -445,22 +459,23 @@ class PoolState:
 
     def _forget_figures(self, record: GatewayRecord) -> None:
         """A gateway's figures stop counting in the pool's loads."""
-        for figures in record.demand.values():
-            self._loads.replaced(figures, None)
+        self._sums.forget(record.counts)
 
     def _set_tenants(self, tenants: tuple[str, ...]) -> None:
         """The columns of every row become `tenants` (the pool's, then the draining ones), and
         the policy's view the pool's tenants."""
         if tenants != self.tenants:
+            source = columns_of(self.tenants, tenants)
+            kept = source >= 0
+            queued_before = np.zeros(len(tenants), dtype=np.int64)
+            queued_before[kept] = self._queued_before[source[kept]]
+            self._queued_before = queued_before
             self.gateways.reindex(self.tenants, tenants)
             self.tenants = tenants
             self._index = {name: column for column, name in enumerate(tenants)}
         # The policy's tenants changed (a config change, a drained tenant), with the columns or
         # without them (a removed last tenant drains in its own column): sum afresh.
-        self._loads = _PoolLoads(t.name for t in self.pool.tenants)
-        for record in self.gateways:
-            for figures in record.demand.values():
-                self._loads.replaced(None, figures)
+        self._sums = _PoolSums(len(tenants), [r.counts for r in self.gateways])
 
     # Telemetry ----------------------------------------------------------------------------
 
@@ -477,8 +492,12 @@ class PoolState:
     def snapshot(self) -> PoolSnapshot:
         """What a policy sees now: tenant load summed over the gateways that may hold slots, with
         the age of the oldest figures in each sum."""
-        now_wall_s = self._clock.wall()
-        loads = self._loads.loads(self.gateways, now_wall_s, draining=bool(self._draining))
+        loads = _loads(
+            self.tenants[: len(self.pool.tenants)],
+            self._sums.counts,
+            list(self.gateways),
+            self._clock.wall(),
+        )
         return PoolSnapshot(
             now_s=self._clock.monotonic(),
             tenants=loads,
@@ -684,7 +703,7 @@ class PoolState:
     def _observe_waste(self) -> None:
         """Remember the pool's output and waste counters now, for the waste window."""
         now = self._clock.monotonic()
-        output, waste = self._loads.output_tokens_total, self._loads.waste_tokens_total
+        output, waste = self._sums.output_tokens, self._sums.waste_tokens
         samples = self._waste_samples
         samples.append((now, output, waste))
         horizon = now - self.pool.preemption.waste_window_s
@@ -782,252 +801,109 @@ def _rows(rows: list[Row], tenants: int) -> Row2:
     return np.array(rows, dtype=np.int64)
 
 
-_LatencyKey = tuple[int, float, float, float, int, float, float, float]
-"""What a tenant's merged latency summaries are made from: (count, count x p50, worst p90,
-worst p99) of TTFT, then of end-to-end latency."""
+class _PoolSums:
+    """Every tenant's counts summed over the gateways (rows as DemandColumns.counts, the pool's
+    columns), kept up as figures come and go, so that a report costs what it names; and which
+    tenants' queues moved since the fast path last looked."""
 
-
-class _PoolLoads:
-    """Each pool tenant's figures summed over the gateways, kept up as figures come and go, so
-    that a snapshot costs about the tenants whose figures changed since the last one.
-
-    Latency windows cannot be merged exactly without their samples: the p50 is weighted by
-    count, the p90 and p99 are the worst (the tail errs on the safe side). Sums and worsts are
-    updated as figures change; a worst whose last holder left (which no subtraction can undo) is
-    found again by a walk over the gateways at the next snapshot, and the merged summaries are
-    rebuilt then for the tenants whose figures changed."""
-
-    def __init__(self, tenants: Iterable[str]) -> None:
-        self._sums = {name: _Sums() for name in tenants}
-        self._stale: set[str] = set(self._sums)
-        """Tenants whose merged latency summaries must be rebuilt (their sums or worst moved)."""
-        self._latency: dict[str, tuple[_LatencyKey, LatencySummary, LatencySummary]] = {}
-        """tenant -> the figures its summaries were made from, and its (ttft, e2e) merged over
-        its gateways, as of its last change."""
-        self._queue_moved: set[str] = set()
-        """Pool tenants whose queued figure at some gateway moved since take_queue_moved."""
-        self.output_tokens_total = 0
+    def __init__(self, tenants: int, counts: Iterable[Row2] = ()) -> None:
+        """`counts`: the figures the gateways hold now (their queues count as moved)."""
+        self.counts: Row2 = np.zeros((COUNTS, tenants), dtype=np.int64)
+        self._queue_moved = np.zeros(tenants, dtype=bool)
+        for held in counts:
+            self.counts += held
+            self._queue_moved |= held[QUEUED] != 0
+        self.output_tokens = int(self.counts[OUTPUT_TOKENS].sum())
         """Summed over every figure held, removed tenants' too (the base of the waste share)."""
-        self.waste_tokens_total = 0
+        self.waste_tokens = int(self.counts[WASTE_TOKENS].sum())
 
-    def replaced(self, old: TenantDemand | None, new: TenantDemand | None) -> None:
-        """A gateway's figure of one tenant left (new None), came (old None) or changed."""
-        figures = new if new is not None else old
-        if figures is None:
-            return
-        if old is not None:
-            self.output_tokens_total -= old.output_tokens_total
-            self.waste_tokens_total -= old.waste_tokens_total
-        if new is not None:
-            self.output_tokens_total += new.output_tokens_total
-            self.waste_tokens_total += new.waste_tokens_total
-        sums = self._sums.get(figures.tenant)
-        if sums is None:
-            return  # a draining tenant: not in the policy's view
-        if (0 if old is None else old.queued) != (0 if new is None else new.queued):
-            self._queue_moved.add(figures.tenant)
-        if old is not None:
-            sums.add(old, -1)
-        if new is not None:
-            sums.add(new, 1)
-        self._stale.add(figures.tenant)
+    def take(self, taken: Taken) -> None:
+        """A gateway's figures of `taken.columns` changed by `taken.change`."""
+        columns, change = taken.columns, taken.change
+        self.counts[:, columns] += change
+        self.output_tokens += int(change[OUTPUT_TOKENS].sum())
+        self.waste_tokens += int(change[WASTE_TOKENS].sum())
+        self._queue_moved[columns[change[QUEUED] != 0]] = True
 
-    def take_queue_moved(self) -> set[str]:
-        """The pool tenants whose queue moved at some gateway since the last call (and none
-        from now)."""
-        moved, self._queue_moved = self._queue_moved, set()
+    def forget(self, counts: Row2) -> None:
+        """A gateway's figures (all of them) stop counting."""
+        self.counts -= counts
+        self.output_tokens -= int(counts[OUTPUT_TOKENS].sum())
+        self.waste_tokens -= int(counts[WASTE_TOKENS].sum())
+        self._queue_moved |= counts[QUEUED] != 0
+
+    def take_queue_moved(self) -> NDArray[np.intp]:
+        """The columns whose queue moved at some gateway since the last call (and none from
+        now)."""
+        moved = np.flatnonzero(self._queue_moved)
+        if moved.size:
+            self._queue_moved[:] = False
         return moved
 
-    def queued(self, tenant: str) -> int:
-        """A pool tenant's requests queued, summed over the gateways."""
-        return self._sums[tenant].queued
 
-    def loads(
-        self, records: Iterable[GatewayRecord], now_wall_s: float, *, draining: bool
-    ) -> dict[str, TenantLoad]:
-        """Every pool tenant's load now; `draining`: whether gateways may hold figures of
-        removed tenants too."""
-        records = list(records)
-        for name in self._stale:
-            sums = self._sums[name]
-            if sums.worst_unknown:
-                held = (record.demand.get(name) for record in records)
-                sums.recount_worst(figures for figures in held if figures is not None)
-            ttft90, ttft99, e2e90, e2e99 = sums.worst
-            key = (
-                sums.ttft_count,
-                sums.ttft_weighted,
-                ttft90.value,
-                ttft99.value,
-                sums.e2e_count,
-                sums.e2e_weighted,
-                e2e90.value,
-                e2e99.value,
-            )
-            held_latency = self._latency.get(name)
-            if held_latency is not None and held_latency[0] == key:
-                continue  # re-reported as it was: the summaries stand
-            self._latency[name] = (
-                key,
-                _summary(sums.ttft_count, sums.ttft_weighted, ttft90.value, ttft99.value),
-                _summary(sums.e2e_count, sums.e2e_weighted, e2e90.value, e2e99.value),
-            )
-        self._stale.clear()
-        # With removed tenants among the figures, a count no longer says a gateway names every
-        # pool tenant.
-        oldest = _oldest_observed(records, None if draining else len(self._sums))
-        latency = self._latency
-        return {
-            name: sums.load(latency[name][1], latency[name][2], oldest(name), now_wall_s)
-            for name, sums in self._sums.items()
-        }
+def _loads(
+    names: tuple[str, ...], sums: Row2, records: list[GatewayRecord], now_wall_s: float
+) -> dict[str, TenantLoad]:
+    """Each of the pool's tenants' load (`names`: its first columns) from the pool's sums and
+    every gateway's latency windows and observation time.
 
-
-def _oldest_observed(
-    records: list[GatewayRecord], tenants: int | None
-) -> Callable[[str], float | None]:
-    """tenant -> when the oldest figures of it were observed, over the gateways holding any.
-    A gateway holding `tenants` figures (all it can hold: every pool tenant) counts for all
-    without a walk over them; None: walk every gateway's."""
-    everyone: float | None = None
-    partial: dict[str, float] = {}
-    for record in records:
-        observed = record.observed_at_wall_s
-        if observed is None or not record.demand:
-            continue
-        if tenants is not None and len(record.demand) >= tenants:
-            everyone = observed if everyone is None else min(everyone, observed)
-            continue
-        for name in record.demand:
-            held = partial.get(name)
-            partial[name] = observed if held is None else min(held, observed)
-
-    def oldest(name: str) -> float | None:
-        held = partial.get(name)
-        if held is None:
-            return everyone
-        return held if everyone is None else min(held, everyone)
-
-    return oldest
-
-
-class _Worst:
-    """The largest of a multiset of latencies that changes one value at a time, and how many
-    values equal it; 0.0 (a member that never leaves) when there is none. When the last value
-    at the largest leaves, the largest is not known until the values are walked again
-    (`unknown`): until then `value` bounds them from above, and a value that reaches it is the
-    largest again. So a gateway re-reporting the same figures (a full report: every figure
-    leaves, then comes back) never costs a walk over the gateways."""
-
-    __slots__ = ("count", "value")
-
-    def __init__(self) -> None:
-        self.value = 0.0
-        self.count = 1
-
-    def add(self, value: float) -> None:
-        if value > self.value:
-            self.value, self.count = value, 1
-        elif value == self.value:
-            self.count += 1
-
-    def remove(self, value: float) -> None:
-        if value == self.value and self.count > 0:
-            self.count -= 1
-
-    @property
-    def unknown(self) -> bool:
-        return self.count == 0
-
-    def recount(self, values: Iterable[float]) -> None:
-        self.value, self.count = 0.0, 1
-        for value in values:
-            self.add(value)
-
-
-class _Sums:
-    """One tenant's additive figures summed over gateways, and its worst latencies (p90 and p99
-    of TTFT and end-to-end, over the gateways whose window holds samples)."""
-
-    __slots__ = (
-        "admitted",
-        "completed",
-        "e2e_count",
-        "e2e_weighted",
-        "in_flight",
-        "queued",
-        "rejected",
-        "ttft_count",
-        "ttft_weighted",
-        "worst",
-    )
-
-    def __init__(self) -> None:
-        self.in_flight = self.queued = self.admitted = self.completed = self.rejected = 0
-        self.ttft_count = self.e2e_count = 0
-        self.ttft_weighted = self.e2e_weighted = 0.0
-        self.worst = (_Worst(), _Worst(), _Worst(), _Worst())
-        """ttft p90, ttft p99, e2e p90, e2e p99."""
-
-    def add(self, figures: TenantDemand, sign: int) -> None:
-        self.in_flight += sign * figures.in_flight
-        self.queued += sign * figures.queued
-        self.admitted += sign * figures.admitted_total
-        self.completed += sign * figures.completed_total
-        self.rejected += sign * figures.rejected_total
-        if figures.ttft.count > 0:
-            self.ttft_count += sign * figures.ttft.count
-            self.ttft_weighted += sign * figures.ttft.p50_ms * figures.ttft.count
-        if figures.e2e.count > 0:
-            self.e2e_count += sign * figures.e2e.count
-            self.e2e_weighted += sign * figures.e2e.p50_ms * figures.e2e.count
-        for worst, value in self._worst_of(figures):
-            if sign > 0:
-                worst.add(value)
-            else:
-                worst.remove(value)
-
-    def _worst_of(self, figures: TenantDemand) -> Iterator[tuple[_Worst, float]]:
-        """Each worst latency the figures count in, with their value (a window without samples
-        counts in none)."""
-        ttft90, ttft99, e2e90, e2e99 = self.worst
-        if figures.ttft.count > 0:
-            yield ttft90, figures.ttft.p90_ms
-            yield ttft99, figures.ttft.p99_ms
-        if figures.e2e.count > 0:
-            yield e2e90, figures.e2e.p90_ms
-            yield e2e99, figures.e2e.p99_ms
-
-    @property
-    def worst_unknown(self) -> bool:
-        ttft90, ttft99, e2e90, e2e99 = self.worst
-        return not (ttft90.count and ttft99.count and e2e90.count and e2e99.count)
-
-    def recount_worst(self, held: Iterable[TenantDemand]) -> None:
-        """Walk the figures every gateway holds of the tenant again for its worst latencies."""
-        for w in self.worst:
-            w.recount(())
-        for figures in held:
-            for worst, value in self._worst_of(figures):
-                worst.add(value)
-
-    def load(
-        self, ttft: LatencySummary, e2e: LatencySummary, oldest: float | None, now_wall_s: float
-    ) -> TenantLoad:
-        return TenantLoad(
-            in_flight=self.in_flight,
-            queued=self.queued,
-            ttft=ttft,
-            e2e=e2e,
-            admitted_total=self.admitted,
-            completed_total=self.completed,
-            rejected_total=self.rejected,
-            # Two hosts' clocks: an age below 0 is skew, not news from the future.
-            demand_age_s=None if oldest is None else max(0.0, now_wall_s - oldest),
+    Latency windows cannot be merged exactly without their samples: the p50 is weighted by
+    count, the p90 and p99 are the worst over the gateways whose window holds samples (the tail
+    errs on the safe side). A tenant's demand age is that of its oldest figures."""
+    tenants = len(names)
+    sums = sums[:, :tenants]
+    if records:
+        samples = np.stack([r.counts[TTFT_COUNT : E2E_COUNT + 1, :tenants] for r in records])
+        latencies = np.stack([r.latencies[:, :tenants] for r in records])
+        has = samples > 0
+        p50s = [
+            (latencies[:, p50] * samples[:, k]).sum(axis=0)
+            for k, p50 in enumerate((TTFT_P50, E2E_P50))
+        ]
+        worst = [
+            np.where(has[:, k], latencies[:, p], 0.0).max(axis=0)
+            for k, p in ((0, TTFT_P90), (0, TTFT_P99), (1, E2E_P90), (1, E2E_P99))
+        ]
+        observed = np.array(
+            [np.inf if r.observed_at_wall_s is None else r.observed_at_wall_s for r in records]
         )
+        held = np.stack([r.held[:tenants] for r in records])
+        oldest = np.where(held, observed[:, np.newaxis], np.inf).min(axis=0).tolist()
+    else:
+        p50s = [np.zeros(tenants), np.zeros(tenants)]
+        worst = [np.zeros(tenants)] * 4
+        oldest = [np.inf] * tenants
+    ttft_count, e2e_count = sums[TTFT_COUNT].tolist(), sums[E2E_COUNT].tolist()
+    ttft_p50, e2e_p50 = (p.tolist() for p in p50s)
+    ttft_p90, ttft_p99, e2e_p90, e2e_p99 = (w.tolist() for w in worst)
+    in_flight, queued = sums[IN_FLIGHT].tolist(), sums[QUEUED].tolist()
+    admitted, completed = sums[ADMITTED].tolist(), sums[COMPLETED].tolist()
+    rejected = sums[REJECTED].tolist()
+    return {
+        name: TenantLoad(
+            in_flight=in_flight[i],
+            queued=queued[i],
+            ttft=_summary(ttft_count[i], ttft_p50[i], ttft_p90[i], ttft_p99[i]),
+            e2e=_summary(e2e_count[i], e2e_p50[i], e2e_p90[i], e2e_p99[i]),
+            admitted_total=admitted[i],
+            completed_total=completed[i],
+            rejected_total=rejected[i],
+            # Two hosts' clocks: an age below 0 is skew, not news from the future.
+            demand_age_s=None if oldest[i] == np.inf else max(0.0, now_wall_s - oldest[i]),
+        )
+        for i, name in enumerate(names)
+    }
+
+
+_NO_SAMPLES = LatencySummary()
 
 
 def _summary(count: int, weighted: float, p90_ms: float, p99_ms: float) -> LatencySummary:
     if count <= 0:
-        return LatencySummary()
+        return _NO_SAMPLES
     return LatencySummary(count=count, p50_ms=weighted / count, p90_ms=p90_ms, p99_ms=p99_ms)
+
+
+def _columns(demand: DemandColumns | Iterable[TenantDemand]) -> DemandColumns:
+    """Figures as columns (a caller in process may pass TenantDemands)."""
+    return demand if isinstance(demand, DemandColumns) else DemandColumns.of(demand)

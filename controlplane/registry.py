@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +24,28 @@ from numpy.typing import NDArray
 
 from controlplane.core.allocation import Allocation
 from slotshift.clock import Clock
-from slotshift.demand import TenantDemand
+from slotshift.demand import LatencySummary, TenantDemand
+from slotshift.demand_columns import (
+    ADMITTED,
+    COMPLETED,
+    COUNTS,
+    E2E_COUNT,
+    E2E_P50,
+    E2E_P90,
+    E2E_P99,
+    IN_FLIGHT,
+    LATENCIES,
+    LIMIT,
+    OUTPUT_TOKENS,
+    QUEUED,
+    REJECTED,
+    TTFT_COUNT,
+    TTFT_P50,
+    TTFT_P90,
+    TTFT_P99,
+    WASTE_TOKENS,
+    DemandColumns,
+)
 from slotshift.newest import NewestBox
 
 logger = logging.getLogger(__name__)
@@ -64,7 +85,7 @@ class GatewaySession:
     allocation names."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Taken:
     """What a gateway's figures changed (GatewayRecord.take_figures)."""
 
@@ -72,6 +93,10 @@ class Taken:
     """Some tenant's requests started to queue there (none queued before, some now)."""
     moved: bool
     """Some tenant's requests in flight or queued there moved: what placement reads."""
+    columns: NDArray[np.intp]
+    """The columns whose figures may have changed."""
+    change: NDArray[np.int64]
+    """(COUNTS, len(columns)): new counts minus old, per column (slotshift.demand_columns)."""
 
 
 Row = NDArray[np.int64]
@@ -89,10 +114,12 @@ class GatewayRecord:
         "acked",
         "applied_version",
         "connected",
+        "counts",
         "delivery",
-        "demand",
         "gateway_id",
+        "held",
         "in_flight",
+        "latencies",
         "lease_expires_at_s",
         "observed_at_wall_s",
         "pending",
@@ -110,13 +137,20 @@ class GatewayRecord:
         """The newest allocation put in the session's mailbox."""
         self.connected = True
         self.applied_version = 0
-        self.demand: dict[str, TenantDemand] = {}
-        """tenant -> its demand here, from the newest figures the gateway sent (pool tenants
-        only)."""
+        self.counts: Row2 = np.zeros((COUNTS, tenants), dtype=np.int64)
+        """The newest figures the gateway sent of each tenant: rows as DemandColumns.counts,
+        columns the pool's tenants; 0 where it holds none."""
+        self.latencies: NDArray[np.float64] = np.zeros((LATENCIES, tenants), dtype=np.float64)
+        """Its latency windows, rows as DemandColumns.latencies."""
+        self.held: NDArray[np.bool_] = np.zeros(tenants, dtype=bool)
+        """Which tenants it holds figures of."""
+        self.in_flight: Row = self.counts[IN_FLIGHT]
+        """A view of `counts`: its requests in flight of each tenant."""
+        self.queued: Row = self.counts[QUEUED]
+        """A view of `counts`: its requests queued of each tenant."""
         self.observed_at_wall_s: float | None = None
-        """When the gateway observed `demand` (its wall clock, from the message); None: unknown."""
-        self.in_flight: Row = zeros_row(tenants)
-        self.queued: Row = zeros_row(tenants)
+        """When the gateway observed its figures (its wall clock, from the message); None:
+        unknown."""
         self.acked: Row = zeros_row(tenants)
         """Limits in force at the last acknowledgement (or the hello)."""
         self.sent: dict[int, Row] = {}
@@ -134,52 +168,80 @@ class GatewayRecord:
 
     def take_figures(
         self,
-        demand: Iterable[TenantDemand],
+        figures: DemandColumns,
         observed_at_wall_s: float | None,
         index: Mapping[str, int],
         *,
         delta: bool = False,
-        replaced: Callable[[TenantDemand | None, TenantDemand | None], None] | None = None,
     ) -> Taken:
-        """Hold `demand` (of the tenants in `index`) as this gateway's figures, observed at
+        """Hold `figures` (of the tenants in `index`) as this gateway's figures, observed at
         `observed_at_wall_s`: all of them (a tenant not named has none), or with `delta` only the
         named tenants' (the others stand). Always the newest: one session is one gRPC stream,
         which delivers in order, so an earlier stamp means the gateway's clock stepped back, not
         an old message (dropping it would freeze the gateway's demand until its clock caught
-        up). Costs about the number of tenants named; `replaced` hears of every figure that
-        leaves (old, None), comes (None, new) or changes (old, new)."""
-        in_flight, queued = self.in_flight, self.queued
-        if not delta:
-            if replaced is not None:
-                for gone in self.demand.values():
-                    replaced(gone, None)
-            self.demand = {}
-            self.in_flight = zeros_row(len(index))
-            self.queued = zeros_row(len(index))
-        held = self.demand
-        started = moved = False
-        for figures in demand:
-            column = index.get(figures.tenant)
-            if column is None:
-                continue
-            before = held.get(figures.tenant)
-            held[figures.tenant] = figures
-            if replaced is not None:
-                replaced(before, figures)
-            if figures.queued > 0 and (before is None or before.queued == 0):
-                started = True
-            if delta and (
-                self.in_flight[column] != figures.in_flight or self.queued[column] != figures.queued
-            ):
-                moved = True
-            self.in_flight[column] = figures.in_flight
-            self.queued[column] = figures.queued
+        up). Costs about the number of tenants named (a whole report: the pool's tenants)."""
+        named = np.fromiter(
+            (index.get(t, -1) for t in figures.tenants), dtype=np.intp, count=len(figures)
+        )
+        known = named >= 0
+        columns = named[known]
+        counts, latencies = figures.counts[:, known], figures.latencies[:, known]
         self.observed_at_wall_s = observed_at_wall_s
-        if not delta:
-            moved = not (
-                np.array_equal(in_flight, self.in_flight) and np.array_equal(queued, self.queued)
+        if delta:
+            before = self.counts[:, columns]
+            queued_before = np.where(self.held[columns], before[QUEUED], 0)
+            self.counts[:, columns] = counts
+            self.latencies[:, columns] = latencies
+            self.held[columns] = True
+            return Taken(
+                started=bool(((counts[QUEUED] > 0) & (queued_before == 0)).any()),
+                moved=bool(
+                    (before[IN_FLIGHT] != counts[IN_FLIGHT]).any()
+                    or (before[QUEUED] != counts[QUEUED]).any()
+                ),
+                columns=columns,
+                change=counts - before,
             )
-        return Taken(started=started, moved=moved)
+        before = self.counts.copy()
+        queued_before = before[QUEUED]
+        self.counts[:] = 0
+        self.latencies[:] = 0.0
+        self.held[:] = False
+        self.counts[:, columns] = counts
+        self.latencies[:, columns] = latencies
+        self.held[columns] = True
+        every = np.arange(self.held.size, dtype=np.intp)
+        return Taken(
+            started=bool(((self.queued > 0) & (queued_before == 0)).any()),
+            moved=not (
+                np.array_equal(before[IN_FLIGHT], self.in_flight)
+                and np.array_equal(queued_before, self.queued)
+            ),
+            columns=every,
+            change=self.counts - before,
+        )
+
+    def demand(self, tenants: tuple[str, ...]) -> dict[str, TenantDemand]:
+        """The figures it holds, tenant by tenant (`tenants`: the columns' names), as the
+        gateway sent them (the fields the control plane keeps)."""
+        counts, latencies = self.counts, self.latencies
+        result: dict[str, TenantDemand] = {}
+        for column in np.flatnonzero(self.held):
+            c, lat = counts[:, column].tolist(), latencies[:, column].tolist()
+            result[tenants[column]] = TenantDemand(
+                tenants[column],
+                in_flight=c[IN_FLIGHT],
+                queued=c[QUEUED],
+                admitted_total=c[ADMITTED],
+                completed_total=c[COMPLETED],
+                rejected_total=c[REJECTED],
+                limit_slots=c[LIMIT],
+                ttft=LatencySummary(c[TTFT_COUNT], lat[TTFT_P50], lat[TTFT_P90], lat[TTFT_P99]),
+                e2e=LatencySummary(c[E2E_COUNT], lat[E2E_P50], lat[E2E_P90], lat[E2E_P99]),
+                output_tokens_total=c[OUTPUT_TOKENS],
+                waste_tokens_total=c[WASTE_TOKENS],
+            )
+        return result
 
     def enforcing(self, version: int) -> bool:
         """The gateway says it enforces `version` now (an acknowledgement, or a report's
@@ -215,13 +277,17 @@ class GatewayRecord:
             result[kept] = row[source[kept]]
             return result
 
-        self.in_flight = moved(self.in_flight)
-        self.queued = moved(self.queued)
+        counts = np.zeros((COUNTS, len(new)), dtype=np.int64)
+        counts[:, kept] = self.counts[:, source[kept]]
+        latencies = np.zeros((LATENCIES, len(new)), dtype=np.float64)
+        latencies[:, kept] = self.latencies[:, source[kept]]
+        held = np.zeros(len(new), dtype=bool)
+        held[kept] = self.held[source[kept]]
+        self.counts, self.latencies, self.held = counts, latencies, held
+        self.in_flight, self.queued = counts[IN_FLIGHT], counts[QUEUED]
         self.acked = moved(self.acked)
         self.sent = {v: moved(limits) for v, limits in self.sent.items()}
         self.pending = moved(self.pending)
-        names = set(new)
-        self.demand = {t: d for t, d in self.demand.items() if t in names}
 
 
 def zeros_row(size: int) -> Row:

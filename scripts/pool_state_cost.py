@@ -5,7 +5,8 @@ costs with its re-grant, the report alone, and a re-grant alone, at T tenants x 
 
 One pool (policy-free: no decisions), G gateways connected past the restart hold, then delta
 reports in turn from each gateway, each naming a tenth of the tenants with figures drawn anew
-(in flight 0-2, queued 0-1; a fixed seed). Per kind, the least of `--reps` rounds of
+(in flight 0-2, queued 0-1, a TTFT window; a fixed seed), built beforehand as wire messages and
+read as the gateway stream reads them. Per kind, the least of `--reps` rounds of
 `--messages` (process CPU time): no gRPC, no event loop, so what it measures is the state's own
 work, and two checkouts compare side by side (run it from each: `PYTHONPATH=CHECKOUT`).
 `slotshift bench-scale` measures the whole process.
@@ -20,9 +21,11 @@ import time
 from collections.abc import Callable
 
 from controlplane.pool_state import PoolState
+from controlplane.service.gateway_service import _demands
 from slotshift.clock import ManualClock
 from slotshift.config import PoolConfig, TenantConfig
 from slotshift.demand import TenantDemand
+from slotshift.v1 import common_pb2, gateway_pb2
 
 
 def measure(tenants: int, gateways: int, messages: int, reps: int, seed: int) -> dict[str, float]:
@@ -48,13 +51,27 @@ def measure(tenants: int, gateways: int, messages: int, reps: int, seed: int) ->
     ]
     named = max(1, tenants // 10)
 
+    def drawn(k: int) -> gateway_pb2.DemandReport:
+        return gateway_pb2.DemandReport(
+            tenants=[
+                common_pb2.TenantDemand(
+                    tenant=names[i],
+                    in_flight=rng.randint(0, 2),
+                    queued=rng.randint(0, 1),
+                    admitted_total=k,
+                    limit_slots=2,
+                    ttft=common_pb2.LatencySummary(count=3, p50_ms=80.0, p90_ms=95.0, p99_ms=99.0),
+                )
+                for i in rng.sample(range(tenants), named)
+            ]
+        )
+
+    reports = [drawn(k) for k in range(messages)]
+
     def report(k: int) -> None:
-        figures = [
-            TenantDemand(
-                names[i], in_flight=rng.randint(0, 2), queued=rng.randint(0, 1), limit_slots=2
-            )
-            for i in rng.sample(range(tenants), named)
-        ]
+        # Read off the wire as the gateway stream reads a report (_demands, whichever shape the
+        # checkout reads into).
+        figures = _demands(reports[k])
         state.record_demand(sessions[k % gateways], state.allocation.version, figures, delta=True)
 
     def cpu_per_message(run: Callable[[int], object]) -> float:

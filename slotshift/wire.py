@@ -3,16 +3,20 @@
 Times inside the services are float seconds (wall-clock seconds since the Unix epoch from
 `Clock.wall`); on the wire they are `google.protobuf.Timestamp`. A tenant's demand and its latency
 summaries (slotshift.demand) have the wire's fields and units (milliseconds), so converting them
-copies fields; this module is the only place that does, in both directions.
+copies fields; this module is the only place that does, in both directions (and into the
+control plane's columns, slotshift/demand_columns.py).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
+import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from slotshift.demand import LatencySummary, TenantDemand
+from slotshift.demand_columns import COUNTS, LATENCIES, DemandColumns
 from slotshift.v1 import common_pb2
 
 _NANOS_PER_S = 1_000_000_000
@@ -41,22 +45,6 @@ def latency_to_proto(summary: LatencySummary) -> common_pb2.LatencySummary:
     )
 
 
-_NO_LATENCY = LatencySummary()
-"""A window without samples: immutable, so every such window read from the wire shares it."""
-
-
-def latency_from_proto(message: common_pb2.LatencySummary) -> LatencySummary:
-    """The LatencySummary a wire message stands for; a negative count reads as 0 (unknown)."""
-    count, p50_ms, p90_ms, p99_ms = message.count, message.p50_ms, message.p90_ms, message.p99_ms
-    if count <= 0:
-        # Most windows of a report are empty: sharing one object saves building them, which
-        # is a measurable part of reading a report of 1,000 tenants.
-        if p50_ms == 0.0 and p90_ms == 0.0 and p99_ms == 0.0:
-            return _NO_LATENCY
-        count = 0
-    return LatencySummary(count, p50_ms, p90_ms, p99_ms)
-
-
 def demand_to_proto(demand: TenantDemand) -> common_pb2.TenantDemand:
     """The wire's TenantDemand of `demand`, field for field."""
     return common_pb2.TenantDemand(
@@ -77,33 +65,39 @@ def demand_to_proto(demand: TenantDemand) -> common_pb2.TenantDemand:
     )
 
 
-def demand_from_proto(message: common_pb2.TenantDemand) -> TenantDemand:
-    """The TenantDemand a wire message stands for. A peer's message is not trusted to keep the
-    contract that counts are never negative: a negative count reads as 0."""
-    # On the control plane's hot path (every tenant of every report and acknowledgement): each
-    # field is read once, clamped inline and passed by position, which costs about half of
-    # max() calls and keywords.
-    in_flight, queued = message.in_flight, message.queued
-    admitted, completed, rejected = (
-        message.admitted_total,
-        message.completed_total,
-        message.rejected_total,
-    )
-    limit, paused, pauses = message.limit_slots, message.paused, message.pauses_total
-    output, waste = message.output_tokens_total, message.waste_tokens_total
-    return TenantDemand(
-        message.tenant,
-        in_flight if in_flight > 0 else 0,
-        queued if queued > 0 else 0,
-        admitted if admitted > 0 else 0,
-        completed if completed > 0 else 0,
-        rejected if rejected > 0 else 0,
-        limit if limit > 0 else 0,
-        latency_from_proto(message.ttft),
-        latency_from_proto(message.e2e),
-        latency_from_proto(message.queue_wait),
-        paused if paused > 0 else 0,
-        output if output > 0 else 0,
-        waste if waste > 0 else 0,
-        pauses if pauses > 0 else 0,
-    )
+def demand_columns_from_proto(messages: Sequence[common_pb2.TenantDemand]) -> DemandColumns:
+    """The columns of a report's tenants (DemandColumns.checked: a negative count reads as 0);
+    a tenant named twice counts once, with its later figures. Each field is read once, into one
+    list per kind, and the lists become arrays in one call each: on the control plane's hot path
+    (every tenant of every report and acknowledgement) this is the whole cost of reading."""
+    names: list[str] = []
+    counts: list[tuple[int, ...]] = []
+    latencies: list[tuple[float, ...]] = []
+    for m in messages:
+        ttft, e2e = m.ttft, m.e2e
+        names.append(m.tenant)
+        counts.append(
+            (
+                m.in_flight,
+                m.queued,
+                m.admitted_total,
+                m.completed_total,
+                m.rejected_total,
+                m.limit_slots,
+                m.output_tokens_total,
+                m.waste_tokens_total,
+                ttft.count,
+                e2e.count,
+            )
+        )
+        latencies.append(
+            (ttft.p50_ms, ttft.p90_ms, ttft.p99_ms, e2e.p50_ms, e2e.p90_ms, e2e.p99_ms)
+        )
+    count_rows = np.array(counts, dtype=np.int64).reshape(len(names), COUNTS).T
+    latency_rows = np.array(latencies, dtype=np.float64).reshape(len(names), LATENCIES).T
+    if len(set(names)) != len(names):
+        last = {name: i for i, name in enumerate(names)}
+        keep = sorted(last.values())
+        names = [names[i] for i in keep]
+        count_rows, latency_rows = count_rows[:, keep], latency_rows[:, keep]
+    return DemandColumns.checked(tuple(names), count_rows, latency_rows)

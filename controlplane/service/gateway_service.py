@@ -18,7 +18,7 @@ from controlplane.service import convert
 from controlplane.service.stream_guard import StreamGuard
 from controlplane.token_ledger import TokenCount
 from slotshift.clock import Clock, SystemClock
-from slotshift.demand import TenantDemand
+from slotshift.demand_columns import DemandColumns
 from slotshift.trace_context import (
     DECISION_TRACEPARENT,
     carrier_from_grpc_metadata,
@@ -26,7 +26,7 @@ from slotshift.trace_context import (
     parent_from,
 )
 from slotshift.v1 import gateway_pb2, gateway_pb2_grpc
-from slotshift.wire import demand_from_proto, from_timestamp
+from slotshift.wire import demand_columns_from_proto, from_timestamp
 
 AckObserver = Callable[[str, float], None]
 """Called with (pool, seconds from publishing a version to the gateway's acknowledgement)."""
@@ -311,8 +311,8 @@ _Figures = gateway_pb2.GatewayHello | gateway_pb2.DemandReport | gateway_pb2.All
 """The gateway messages that carry its figures."""
 
 
-def _demands(message: _Figures) -> list[TenantDemand]:
-    return [demand_from_proto(t) for t in message.tenants]
+def _demands(message: _Figures) -> DemandColumns:
+    return demand_columns_from_proto(message.tenants)
 
 
 def _tokens(message: _Figures) -> list[TokenCount]:

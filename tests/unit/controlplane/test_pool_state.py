@@ -330,6 +330,44 @@ async def test_the_fast_path_waits_only_for_what_is_left_of_its_interval(quiet_s
             await task
 
 
+@pytest.mark.parametrize("quiet_s", [901.0, 800.0])
+async def test_a_costly_decision_holds_the_fast_path_back_to_its_share_of_a_core(
+    quiet_s: float,
+) -> None:
+    """A decision that takes 100 s (of the injected clock) with fast_path_max_cores 0.1 is
+    followed by a fast-path decision no sooner than 900 s after it ended, though the interval is
+    20 ms: a wish 901 s later is decided at once, one 800 s later waits (100 s here: the test
+    would time out)."""
+    pool = POOL.model_copy(update={"decision_period_s": 6000.0, "fast_path_max_cores": 0.1})
+    clock = ManualClock()
+    state = _state(clock, pool=pool)
+
+    class Slow(DemandPolicy):
+        def decide(self, *args: Any, **kwargs: Any) -> Any:
+            clock.advance(100.0)
+            return super().decide(*args, **kwargs)
+
+    loop = DecisionLoop(state, Slow(), clock=clock)
+    task = asyncio.create_task(loop.run(), name="decision-loop")
+    try:
+        await wait_until(lambda: len(state.decisions) == 1, message="the first decision")
+        clock.advance(quiet_s)
+        state.fast_path_reason = "fast path: test"
+        state.decision_wanted.set()
+        if quiet_s > 900:
+            await wait_until(
+                lambda: len(state.decisions) == 2, timeout_s=5, message="a fast-path decision"
+            )
+        else:
+            for _ in range(20):
+                await asyncio.sleep(0)
+            assert len(state.decisions) == 1, "decided beyond its share of a core"
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
 def test_a_restarted_control_plane_grants_nothing_above_what_gateways_enforce_for_a_lease() -> None:
     """Two gateways hold the whole budget between them when the control plane restarts. The one
     that reconnects first must not be granted the other's slots: the new control plane does not
@@ -454,7 +492,7 @@ def test_the_pools_running_sums_match_a_walk_over_every_gateway(seed: int) -> No
         ]
 
     def walk() -> tuple[int, int, dict[str, int]]:
-        held = [f for record in state.gateways for f in record.demand.values()]
+        held = [f for r in state.gateways for f in r.demand(state.tenants).values()]
         queued = {t.name: 0 for t in state.pool.tenants}
         for f in held:
             if f.tenant in queued:
@@ -497,7 +535,7 @@ def test_the_pools_running_sums_match_a_walk_over_every_gateway(seed: int) -> No
             nominal = nominal_shares(state.pool)
             state.apply_limits({"A": 20, "B": 70}, decision_id=2, policy="test")
         output, waste, _ = walk()
-        assert (state._loads.output_tokens_total, state._loads.waste_tokens_total) == (
+        assert (state._sums.output_tokens, state._sums.waste_tokens) == (
             output,
             waste,
         ), step

@@ -247,7 +247,11 @@ def _loads_from_scratch(state: PoolState) -> dict[str, tuple[int, int, int, int,
     """What the snapshot must say, summed afresh from every gateway's held figures."""
     result = {}
     for tenant in state.pool.tenants:
-        held = [r.demand[tenant.name] for r in state.gateways if tenant.name in r.demand]
+        held = [
+            r.demand(state.tenants)[tenant.name]
+            for r in state.gateways
+            if tenant.name in r.demand(state.tenants)
+        ]
         ttft = [d.ttft for d in held if d.ttft.count > 0]
         result[tenant.name] = (
             sum(d.in_flight for d in held),

@@ -7,6 +7,7 @@ import numpy as np
 from controlplane.registry import GatewayRegistry, TenantDirectory
 from slotshift.clock import ManualClock
 from slotshift.demand import TenantDemand
+from slotshift.demand_columns import DemandColumns
 
 DIRECTORY = TenantDirectory(pool="p", config_version=1, tenants={})
 
@@ -50,15 +51,21 @@ def test_taking_figures_says_whether_requests_moved_or_started_to_queue() -> Non
     registry = _registry(ManualClock())
     record, _ = registry.connect("gw", 2, 0, DIRECTORY)
     index = {"A": 0, "B": 1}
-    taken = record.take_figures([TenantDemand("A", in_flight=2)], None, index)
+    taken = record.take_figures(DemandColumns.of([TenantDemand("A", in_flight=2)]), None, index)
     assert taken.moved and not taken.started
-    taken = record.take_figures([TenantDemand("A", in_flight=2, admitted_total=9)], None, index)
+    taken = record.take_figures(
+        DemandColumns.of([TenantDemand("A", in_flight=2, admitted_total=9)]), None, index
+    )
     assert not taken.moved, "a counter alone moves nothing placement reads"
-    taken = record.take_figures([TenantDemand("B", queued=1)], None, index, delta=True)
+    taken = record.take_figures(
+        DemandColumns.of([TenantDemand("B", queued=1)]), None, index, delta=True
+    )
     assert taken.moved and taken.started
-    taken = record.take_figures([TenantDemand("B", queued=1)], None, index, delta=True)
+    taken = record.take_figures(
+        DemandColumns.of([TenantDemand("B", queued=1)]), None, index, delta=True
+    )
     assert not taken.moved and not taken.started
-    taken = record.take_figures([TenantDemand("B", queued=1)], None, index)
+    taken = record.take_figures(DemandColumns.of([TenantDemand("B", queued=1)]), None, index)
     assert taken.moved, "a whole report without A: A's requests are gone"
 
 

@@ -8,8 +8,14 @@ import dataclasses
 import pytest
 
 from slotshift.demand import LatencySummary, TenantDemand
+from slotshift.demand_columns import COUNTS, IN_FLIGHT, LATENCIES, DemandColumns
 from slotshift.v1 import common_pb2
-from slotshift.wire import demand_from_proto, demand_to_proto, from_timestamp, to_timestamp
+from slotshift.wire import (
+    demand_columns_from_proto,
+    demand_to_proto,
+    from_timestamp,
+    to_timestamp,
+)
 
 
 @pytest.mark.parametrize(
@@ -40,24 +46,36 @@ def test_a_tenant_demand_has_the_wire_messages_fields_by_name() -> None:
         assert {f.name for f in dataclasses.fields(shape)} == set(message.DESCRIPTOR.fields_by_name)
 
 
-def test_a_tenant_demand_crosses_the_wire_unchanged() -> None:
-    demand = TenantDemand(
-        "A",
-        in_flight=3,
-        queued=2,
-        admitted_total=40,
-        completed_total=37,
-        rejected_total=1,
-        limit_slots=5,
-        ttft=LatencySummary(count=9, p50_ms=120.0, p90_ms=300.0, p99_ms=410.5),
-        e2e=LatencySummary(count=8, p50_ms=900.0, p90_ms=1500.0, p99_ms=2100.0),
-        queue_wait=LatencySummary(count=40, p50_ms=0.0, p90_ms=12.0, p99_ms=80.0),
-        paused=1,
-        output_tokens_total=1_000,
-        waste_tokens_total=25,
-        pauses_total=4,
-    )
-    assert demand_from_proto(demand_to_proto(demand)) == demand
+def test_tenants_demand_crosses_the_wire_into_the_control_planes_columns() -> None:
+    """What a gateway sends is what the control plane holds, for every field it reads (the
+    queue-wait window and the pause counters stay at the gateway)."""
+    demands = [
+        TenantDemand(
+            "A",
+            in_flight=3,
+            queued=2,
+            admitted_total=40,
+            completed_total=37,
+            rejected_total=1,
+            limit_slots=5,
+            ttft=LatencySummary(count=9, p50_ms=120.0, p90_ms=300.0, p99_ms=410.5),
+            e2e=LatencySummary(count=8, p50_ms=900.0, p90_ms=1500.0, p99_ms=2100.0),
+            queue_wait=LatencySummary(count=40, p50_ms=0.0, p90_ms=12.0, p99_ms=80.0),
+            paused=1,
+            output_tokens_total=1_000,
+            waste_tokens_total=25,
+            pauses_total=4,
+        ),
+        TenantDemand("B", queued=7),
+    ]
+    read = demand_columns_from_proto([demand_to_proto(d) for d in demands])
+    expected = DemandColumns.of(demands)
+    assert read.tenants == ("A", "B")
+    assert read.counts.tolist() == expected.counts.tolist()
+    assert read.latencies.tolist() == expected.latencies.tolist()
+    assert read.counts[:, 0].tolist() == [3, 2, 40, 37, 1, 5, 1_000, 25, 9, 8]
+    assert read.latencies[:, 0].tolist() == [120.0, 300.0, 410.5, 900.0, 1500.0, 2100.0]
+    assert demand_columns_from_proto([]).counts.shape == (COUNTS, 0)
 
 
 def test_negative_counts_from_a_peer_read_as_zero() -> None:
@@ -69,6 +87,19 @@ def test_negative_counts_from_a_peer_read_as_zero() -> None:
         limit_slots=-4,
         paused=-5,
         waste_tokens_total=-6,
-        ttft=common_pb2.LatencySummary(count=-1),
+        ttft=common_pb2.LatencySummary(count=-1, p50_ms=5.0, p90_ms=6.0, p99_ms=7.0),
     )
-    assert demand_from_proto(message) == TenantDemand("A")
+    read = demand_columns_from_proto([message])
+    assert read.counts.tolist() == [[0]] * COUNTS
+    assert read.latencies.tolist() == [[0.0]] * LATENCIES, "a window without samples"
+
+
+def test_a_tenant_named_twice_counts_once_with_its_later_figures() -> None:
+    messages = [
+        common_pb2.TenantDemand(tenant="A", in_flight=1),
+        common_pb2.TenantDemand(tenant="B", in_flight=2),
+        common_pb2.TenantDemand(tenant="A", in_flight=3),
+    ]
+    read = demand_columns_from_proto(messages)
+    assert read.tenants == ("B", "A")
+    assert read.counts[IN_FLIGHT].tolist() == [2, 3]
