@@ -150,6 +150,18 @@ class DecisionLog:
         self._last = _Tenants()
         """The tenants as of the newest entry (what the next one is compared with)."""
         self._next_id = first_id
+        self._enforced: dict[int, float] = {}
+        """decision id -> wall-clock seconds when every gateway it changed had acknowledged it
+        (PoolState.decision_published), for the decisions the log holds."""
+
+    def enforced(self, decision_id: int, at_wall_s: float) -> None:
+        """Decision `decision_id` is enforced everywhere it changed something since `at_wall_s`."""
+        self._enforced[decision_id] = at_wall_s
+
+    def enforced_at(self, decision_id: int) -> float | None:
+        """When decision `decision_id` was enforced everywhere it changed something; None: not
+        yet, it changed no limit, or it has left the log."""
+        return self._enforced.get(decision_id)
 
     def request_keyframe(self) -> None:
         """Send the next entry to the sink whole (the sink lost some: a reader must not rebuild
@@ -181,7 +193,9 @@ class DecisionLog:
         last.apply(entry)
         self._entries.append(entry)
         if len(self._entries) > self._capacity:
-            self._base.apply(self._entries.popleft())
+            gone = self._entries.popleft()
+            self._base.apply(gone)
+            self._enforced.pop(gone.record.id, None)
         if self._on_logged is not None:
             self._on_logged(self._for_sink(entry))
 

@@ -161,6 +161,10 @@ class PoolState:
         """Whether, at the last reconcile, some cell's grant was below its target."""
         self._regrant_due = False
         """Whether the next re-grant may give more than the last one with nothing moved."""
+        self._sent_to: frozenset[str] = frozenset()
+        """The gateways the last published version went to (those whose part changed)."""
+        self._awaiting: deque[_Awaited] = deque()
+        """Published decisions not yet acknowledged by every gateway they changed."""
         self._whole_split_due_s = -float("inf")
         """When every tenant's limit is split anew by where its demand is (at least once a
         decision period); in between, only the tenants that need it (_moved_parts)."""
@@ -236,6 +240,7 @@ class PoolState:
         self._sums.take(taken)
         self._queue_started(record, taken.started)
         fell = record.enforcing(applied_version)
+        self._acknowledged(record)
         # Kept for the version itself: should its acknowledgement still come, the push latency
         # is measured.
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v >= applied_version}
@@ -283,6 +288,7 @@ class PoolState:
         sent_at = record.sent_at_s.get(version)
         latency = None if sent_at is None else self._clock.monotonic() - sent_at
         fell = record.enforcing(version)
+        self._acknowledged(record)
         record.sent_at_s = {v: at for v, at in record.sent_at_s.items() if v > version}
         taken = record.take_figures(_columns(demand), observed_at_wall_s, self._index, delta=delta)
         self._sums.take(taken)
@@ -366,11 +372,36 @@ class PoolState:
             return None
         return Waiting(record.queued, self._lending, self._lender_short, self._over_budget)
 
+    def _acknowledged(self, record: GatewayRecord) -> None:
+        """`record`'s gateway enforces its applied version: the published decisions it was
+        waited for up to that version need it no more."""
+        version = record.applied_version
+        for awaited in self._awaiting:
+            if awaited.version > version:
+                break
+            awaited.gateways.discard(record.gateway_id)
+        self._note_enforced()
+
+    def _note_enforced(self) -> None:
+        """Log as enforced, from now, the published decisions no gateway is waited for."""
+        if all(awaited.gateways for awaited in self._awaiting):
+            return
+        now = self._clock.wall()
+        for awaited in self._awaiting:
+            if not awaited.gateways:
+                self.decisions.enforced(awaited.decision_id, now)
+        self._awaiting = deque(a for a in self._awaiting if a.gateways)
+
     def disconnect_gateway(self, session: GatewaySession) -> None:
         """The gateway's stream ended. Its slots stay counted until its lease runs out, since it
         may still be running what it admitted."""
         if self.gateways.disconnect(session) is None:
             return
+        # It acknowledges nothing more; the decisions waiting for it are enforced everywhere
+        # else (what it still holds, its lease keeps counted).
+        for awaited in self._awaiting:
+            awaited.gateways.discard(session.gateway_id)
+        self._note_enforced()
         logger.warning(
             "gateway %s disconnected from pool %s; its slots return in %.1f s unless it comes back",
             session.gateway_id,
@@ -541,7 +572,11 @@ class PoolState:
             self.allocation, tenant_limits=dict(limits), decision_id=decision_id, policy=policy
         )
         self._limits_trace_context = dict(trace_context or {})
-        return self.reconcile(resplit=resplit) is not None
+        published = self.reconcile(resplit=resplit)
+        if published is not None:
+            self._awaiting.append(_Awaited(decision_id, published.version, set(self._sent_to)))
+            self._note_enforced()
+        return published is not None
 
     def reconcile(
         self,
@@ -622,12 +657,15 @@ class PoolState:
             )
             changed = _changed_rows(previous, candidate_cells)
             by_id = dict(zip(ids, records, strict=True))
+            sent_to = []
             for row, gateway_id in enumerate(connected):
                 if force_publish or changed[row]:
                     record = by_id[gateway_id]
                     record.send(published.version, candidate_cells.limits[row], now)
                     record.delivery = delivery
                     record.session.mailbox.put(delivery)
+                    sent_to.append(gateway_id)
+            self._sent_to = frozenset(sent_to)
         # A removed tenant stops being counted once no gateway may hold any of it (its column
         # goes after this allocation, which still names it).
         drained = {name for name in self._draining if not bounds[:, self._index[name]].any()}
@@ -799,6 +837,15 @@ def _rows(rows: list[Row], tenants: int) -> Row2:
     # np.array, not np.stack: the same copy for a third of the cost at ten gateways (np.stack
     # checks and reshapes every row in Python).
     return np.array(rows, dtype=np.int64)
+
+
+@dataclass(slots=True)
+class _Awaited:
+    """A published decision and the gateways it changed that have not acknowledged it yet."""
+
+    decision_id: int
+    version: int
+    gateways: set[str]
 
 
 class _PoolSums:

@@ -102,11 +102,17 @@ def row_to_proto(
 
 
 def decision_to_proto(
-    pool: PoolConfig, record: DecisionRecord, *, tenants: bool = True
+    pool: PoolConfig,
+    record: DecisionRecord,
+    *,
+    tenants: bool = True,
+    enforced_at_wall_s: float | None = None,
 ) -> query_pb2.Decision:
     """The wire's Decision of `record`; without `tenants`, none of its per-tenant inputs and
-    outputs (GetDecisionsRequest.without_tenants)."""
+    outputs (GetDecisionsRequest.without_tenants); `enforced_at_wall_s`: when every gateway it
+    changed had acknowledged it (None: unknown)."""
     return query_pb2.Decision(
+        enforced_at=None if enforced_at_wall_s is None else to_timestamp(enforced_at_wall_s),
         id=record.id,
         pool=record.pool,
         decided_at=to_timestamp(record.decided_at_wall_s),

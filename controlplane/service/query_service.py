@@ -133,7 +133,15 @@ class AllocationQueryService(query_pb2_grpc.AllocationServiceServicer):
             records = state.decisions.newest(limit, changes_only=request.changes_only)
         tenants = not request.without_tenants
         return query_pb2.GetDecisionsResponse(
-            decisions=[convert.decision_to_proto(state.pool, r, tenants=tenants) for r in records]
+            decisions=[
+                convert.decision_to_proto(
+                    state.pool,
+                    r,
+                    tenants=tenants,
+                    enforced_at_wall_s=state.decisions.enforced_at(r.id),
+                )
+                for r in records
+            ]
         )
 
     async def _stored(

@@ -391,6 +391,7 @@ class Decision(_message.Message):
     DURATION_MS_FIELD_NUMBER: _builtins.int
     TRIGGER_FIELD_NUMBER: _builtins.int
     FALLBACK_FIELD_NUMBER: _builtins.int
+    ENFORCED_AT_FIELD_NUMBER: _builtins.int
     id: _builtins.int
     pool: _builtins.str
     policy: _builtins.str
@@ -414,6 +415,14 @@ class Decision(_message.Message):
     def telemetry(self) -> Global___TelemetryInput: ...
     @_builtins.property
     def outputs(self) -> _containers.RepeatedCompositeFieldContainer[_allocation_pb2.TenantAllocation]: ...
+    @_builtins.property
+    def enforced_at(self) -> _timestamp_pb2.Timestamp:
+        """When every gateway whose part the decision changed had acknowledged its version (or a later
+        one), as the control plane received the last acknowledgement. Unset while some gateway has
+        not, for a decision that published nothing, for one read from the state store's history, and
+        for one this control plane did not make (a restart).
+        """
+
     def __init__(
         self,
         *,
@@ -431,10 +440,11 @@ class Decision(_message.Message):
         duration_ms: _builtins.float = ...,
         trigger: _builtins.str = ...,
         fallback: _builtins.str = ...,
+        enforced_at: _timestamp_pb2.Timestamp | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "telemetry", b"telemetry"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["decided_at", b"decided_at", "enforced_at", b"enforced_at", "telemetry", b"telemetry"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "decided_at", b"decided_at", "duration_ms", b"duration_ms", "fallback", b"fallback", "id", b"id", "inputs", b"inputs", "outcome", b"outcome", "outputs", b"outputs", "policy", b"policy", "pool", b"pool", "reason", b"reason", "telemetry", b"telemetry", "trigger", b"trigger", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["budget_slots", b"budget_slots", "decided_at", b"decided_at", "duration_ms", b"duration_ms", "enforced_at", b"enforced_at", "fallback", b"fallback", "id", b"id", "inputs", b"inputs", "outcome", b"outcome", "outputs", b"outputs", "policy", b"policy", "pool", b"pool", "reason", b"reason", "telemetry", b"telemetry", "trigger", b"trigger", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

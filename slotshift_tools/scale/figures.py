@@ -7,9 +7,12 @@ generators stamp their events with theirs, one host, one clock.
   reserve rule, validation and the publication of the allocation (re-split and grants);
 - decision -> acknowledged: for each decision that published new limits (outcome published) in
   the window, the time from its `decided_at` (stamped as it returns, after the allocation was
-  handed to the gateways' mailboxes) until every gateway had sent the acknowledgement of that
-  version or of a later one (a later one supersedes it: the control plane drops unsent older
-  versions); a decision some gateway never acknowledged before the end is counted apart;
+  handed to the gateways' mailboxes) to its `enforced_at`: when the control plane had received,
+  from every gateway whose part the decision changed, the acknowledgement of its version or of
+  a later one (a later one supersedes it: the control plane drops unsent older versions). The
+  control plane knows which gateways a version went to; the gateways' side does not (an ack of
+  a later re-grant looks the same as one of the decision), so the figure is read from it. A
+  decision not enforced by the end is counted apart;
 - missed periods: over the window, each gap between consecutive decisions (and between the
   window's ends and the first and last decisions) of g seconds counts floor(g / period - 0.5)
   missed decisions: a gap of about two periods is one decision missed.
@@ -19,11 +22,8 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-
-import numpy as np
-import numpy.typing as npt
 
 from slotshift_tools.bench.stats import percentile
 
@@ -44,6 +44,9 @@ class DecisionTimes:
     """"period", or the fast path's reason."""
     version: int
     """The allocation version in force after the decision."""
+    enforced_at_wall_s: float | None = None
+    """When every gateway it changed had acknowledged it (GetDecisions' enforced_at); None: not
+    (yet), or it published nothing."""
 
 
 @dataclass(frozen=True)
@@ -102,43 +105,21 @@ def decision_figures(
     }
 
 
-@dataclass(frozen=True)
-class AckTimes:
-    """One gateway's acknowledgements: versions (increasing) and when each ack was sent."""
-
-    versions: npt.NDArray[np.int64]
-    sent_wall_s: npt.NDArray[np.float64]
-
-
-def acknowledged_latencies(
-    decisions: Iterable[DecisionTimes], acks: Mapping[str, AckTimes], window: Window
+def enforced_latencies(
+    decisions: Iterable[DecisionTimes], window: Window
 ) -> tuple[list[float], int]:
-    """Seconds from each published decision in the window until every gateway it changed has
-    acknowledged it; and how many published decisions of the window changed no gateway's
-    limits before the next one (or by the end of the run).
-
-    The control plane sends a version only to the gateways whose part changed, and may carry a
-    decision's change in a later re-grant (as slots drain). So a decision at version v, the next
-    published one at v', is acknowledged at a gateway by its first ack of a version in [v, v');
-    a gateway with none needed nothing from it.
-    """
-    published = sorted((d for d in decisions if d.outcome == PUBLISHED), key=lambda d: d.version)
+    """Seconds from each published decision in the window until every gateway it changed had
+    acknowledged it (its `enforced_at`); and how many published decisions of the window were
+    not enforced by the last read."""
     latencies: list[float] = []
     unacknowledged = 0
-    for decision, following in itertools.zip_longest(published, published[1:]):
-        if not window.holds(decision.decided_at_wall_s):
+    for decision in decisions:
+        if decision.outcome != PUBLISHED or not window.holds(decision.decided_at_wall_s):
             continue
-        upto = math.inf if following is None else following.version
-        latest = -math.inf
-        for times in acks.values():
-            index = int(np.searchsorted(times.versions, decision.version, side="left"))
-            if index < len(times.versions) and times.versions[index] < upto:
-                latest = max(latest, float(times.sent_wall_s[index]))
-        if math.isinf(latest):
+        if decision.enforced_at_wall_s is None:
             unacknowledged += 1
             continue
-        # An ack a hair before decided_at is the same instant seen by two processes: 0.
-        latencies.append(max(0.0, latest - decision.decided_at_wall_s))
+        latencies.append(max(0.0, decision.enforced_at_wall_s - decision.decided_at_wall_s))
     return latencies, unacknowledged
 
 

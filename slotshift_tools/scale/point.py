@@ -56,11 +56,11 @@ from slotshift_tools.scale import procfs
 from slotshift_tools.scale.budget import check_budget
 from slotshift_tools.scale.dynamics import DemandSettings, Dynamics
 from slotshift_tools.scale.figures import (
-    AckTimes,
+    PUBLISHED,
     DecisionTimes,
     Window,
-    acknowledged_latencies,
     decision_figures,
+    enforced_latencies,
     summary_ms,
 )
 from slotshift_tools.scale.generator import CHANNEL_OPTIONS, GeneratorSpec, generator_main
@@ -80,6 +80,12 @@ DECISION_POLL_S = 2.0
 """How often the decision log is read during the window."""
 MAX_DECISIONS_READ = 8192
 """Most decisions asked for in one read (far above the log's shipped 512)."""
+ENFORCED_HORIZON_S = 10.0
+"""A published decision not enforced this long after it is not read again (counted as
+unacknowledged, unless a later read of the log still shows it)."""
+ENFORCED_SETTLE_S = 2.0
+"""After the window, how long the decisions made at its end get to be enforced before the last
+read (a decision not enforced by then is counted as unacknowledged)."""
 MEMORY_POLL_S = 1.0
 WATCH_S = 0.5
 RPC_TIMEOUT_S = 30.0
@@ -182,27 +188,39 @@ class DecisionReader:
         """Decisions that fell out of the bounded log before they were read."""
 
     async def read_new(self) -> None:
-        """Fetch the decisions made since the last read (the log answers newest first, with no
-        offset: ask for more until the answer reaches back to the last one read, or the log
-        holds no older ones)."""
+        """Fetch the decisions made since the last read, and again those read before that were
+        published and not yet enforced (the log answers newest first, with no offset: ask for
+        more until the answer reaches back to the oldest one wanted, or the log holds no older
+        ones)."""
         newest = await self._get(1)
-        if not newest or newest[0].id <= self.last_id:
+        if not newest:
+            return
+        horizon_s = newest[0].decided_at_wall_s - ENFORCED_HORIZON_S
+        pending = [
+            d.id
+            for d in self.decisions.values()
+            if d.outcome == PUBLISHED
+            and d.enforced_at_wall_s is None
+            and d.decided_at_wall_s >= horizon_s
+        ]
+        wanted = min([self.last_id + 1, *pending])
+        if newest[0].id < wanted:
             return
         # A little more than the gap: decisions made between the two calls.
-        limit = newest[0].id - self.last_id + 2
+        limit = newest[0].id - wanted + 3
         while True:
             fetched = await self._get(limit)
-            fresh = [d for d in fetched if d.id > self.last_id]
-            oldest = min((d.id for d in fresh), default=self.last_id + 1)
-            if oldest <= self.last_id + 1 or len(fetched) < limit or limit >= MAX_DECISIONS_READ:
+            oldest = min((d.id for d in fetched), default=wanted)
+            if oldest <= wanted or len(fetched) < limit or limit >= MAX_DECISIONS_READ:
                 break
             limit = min(2 * limit, MAX_DECISIONS_READ)
-        if not fresh:
-            return
-        self.lost += max(0, oldest - self.last_id - 1)
-        for decision in fresh:
-            self.decisions[decision.id] = decision
-        self.last_id = max(d.id for d in fresh)
+        fresh = [d for d in fetched if d.id > self.last_id]
+        self.lost += max(0, min((d.id for d in fresh), default=self.last_id + 1) - self.last_id - 1)
+        for decision in fetched:
+            if decision.id > self.last_id or decision.id in self.decisions:
+                self.decisions[decision.id] = decision
+        if fresh:
+            self.last_id = max(d.id for d in fresh)
 
     async def run(self, interval_s: float) -> None:
         """read_new every interval, until cancelled."""
@@ -226,6 +244,9 @@ class DecisionReader:
                 outcome=_OUTCOMES.get(d.outcome, "unspecified"),
                 trigger=d.trigger,
                 version=d.version,
+                enforced_at_wall_s=from_timestamp(d.enforced_at)
+                if d.HasField("enforced_at")
+                else None,
             )
             for d in reply.decisions
         ]
@@ -502,6 +523,10 @@ async def _measure(
     end = processes.cpu_mark(clock)
     memory_now = procfs.process_memory(processes.controlplane_pid())
     rss.append(memory_now.rss_mb)
+    # The window's last decisions are enforced a little after it: read them once they may be
+    # (outside the CPU marks).
+    await asyncio.sleep(ENFORCED_SETTLE_S)
+    await reader.read_new()
     return _Measured(
         start=start,
         end=end,
@@ -581,18 +606,6 @@ def _in_window(table: np.ndarray, column: int, window: Window) -> np.ndarray:
     return table[(times >= window.start_s) & (times <= window.end_s)]
 
 
-def _ack_times(acks: np.ndarray, gateways: int) -> dict[str, AckTimes]:
-    result = {}
-    for gateway in range(gateways):
-        rows = acks[acks[:, 0] == gateway] if len(acks) else acks
-        order = np.argsort(rows[:, 1], kind="stable") if len(rows) else np.zeros(0, dtype=int)
-        result[str(gateway)] = AckTimes(
-            versions=rows[order, 1].astype(np.int64) if len(rows) else np.zeros(0, np.int64),
-            sent_wall_s=rows[order, 2] if len(rows) else np.zeros(0),
-        )
-    return result
-
-
 def _point_document(
     settings: PointSettings,
     *,
@@ -620,9 +633,7 @@ def _point_document(
     worst_lag_p99 = max((v for v in lag_p99 if isinstance(v, float)), default=None)
 
     decisions = sorted(reader.decisions.values(), key=lambda d: d.id)
-    ack_latencies_s, unacknowledged = acknowledged_latencies(
-        decisions, _ack_times(recordings.acks, settings.gateways), window
-    )
+    ack_latencies_s, unacknowledged = enforced_latencies(decisions, window)
     updates = _in_window(recordings.updates, 1, window)
     reports = _in_window(recordings.reports, 1, window)
     acks = _in_window(recordings.acks, 2, window)

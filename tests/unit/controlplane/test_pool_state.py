@@ -678,3 +678,27 @@ def _count_reconciles(state: PoolState) -> Callable[[], int]:
 
     state.reconcile = counting  # type: ignore[method-assign]
     return lambda: calls[0]
+
+
+def test_a_decision_is_enforced_once_every_gateway_it_changed_has_acknowledged_it() -> None:
+    clock = ManualClock()
+    state = _state(clock)
+    first, second = SimGateway("gw1", {"A": 0, "B": 0}), SimGateway("gw2", {"A": 0, "B": 0})
+    for gateway in (first, second):
+        gateway.connect(state)
+        gateway.apply_pending(state)
+    state.apply_limits({"A": 20, "B": 76}, decision_id=7, policy="test")
+    assert state.decisions.enforced_at(7) is None, "nobody has acknowledged it"
+    clock.advance(0.3)
+    assert first.apply_pending(state)
+    assert state.decisions.enforced_at(7) is None, "gw2 has not"
+    clock.advance(0.2)
+    assert second.apply_pending(state)
+    assert state.decisions.enforced_at(7) == clock.wall()
+    # One that a gateway leaves before acknowledging is enforced once the others have.
+    state.apply_limits({"A": 21, "B": 75}, decision_id=8, policy="test")
+    clock.advance(0.1)
+    assert first.apply_pending(state)
+    assert second.session is not None
+    state.disconnect_gateway(second.session)
+    assert state.decisions.enforced_at(8) == clock.wall()

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from slotshift_tools.scale.figures import (
-    AckTimes,
     DecisionTimes,
     Window,
-    acknowledged_latencies,
     decision_figures,
+    enforced_latencies,
     missed_periods,
     per_gateway_bytes_rate,
     per_gateway_rate,
@@ -87,44 +88,31 @@ def test_decision_figures_count_the_window_only() -> None:
     assert figures["duration"]["max_ms"] == 5.0  # type: ignore[index]
 
 
-def acks(versions: list[int], sent: list[float]) -> AckTimes:
-    return AckTimes(np.array(versions, dtype=np.int64), np.array(sent, dtype=np.float64))
-
-
-def test_a_decision_is_acknowledged_when_the_last_gateway_acks_a_version_of_its_range() -> None:
-    decisions = [decision(1, 101.0, version=5), decision(2, 103.0, version=8)]
-    gateways = {
-        "0": acks([5, 8], [101.010, 103.020]),
-        # Gateway 1 never saw version 5 (a newer one replaced it unsent): its ack of 6 counts.
-        "1": acks([6, 9], [101.050, 103.100]),
-    }
-    latencies, unacknowledged = acknowledged_latencies(decisions, gateways, WINDOW)
-    assert latencies == pytest.approx([0.050, 0.100])
+def test_a_decision_is_acknowledged_when_the_control_plane_saw_it_enforced() -> None:
+    decisions = [
+        enforced(decision(1, 101.0, version=5), 101.050),
+        enforced(decision(2, 103.0, version=8), 103.100),
+        enforced(decision(3, 99.0, version=4), 99.5),
+    ]
+    latencies, unacknowledged = enforced_latencies(decisions, WINDOW)
+    assert latencies == pytest.approx([0.050, 0.100]), "only the window's decisions"
     assert unacknowledged == 0
 
 
-def test_a_gateway_with_no_update_in_a_decisions_range_needed_nothing_from_it() -> None:
-    decisions = [decision(1, 101.0, version=5), decision(2, 102.0, version=7)]
-    # Gateway 1's part did not change under decision 1: its next ack is decision 2's.
-    gateways = {"0": acks([5, 6], [101.01, 101.5]), "1": acks([4, 7], [100.5, 102.2])}
-    latencies, unacknowledged = acknowledged_latencies(decisions, gateways, WINDOW)
-    assert latencies == pytest.approx([0.01, 0.2])
-    assert unacknowledged == 0
-
-
-def test_a_decision_no_gateway_acknowledged_is_counted_apart() -> None:
+def test_a_decision_not_enforced_is_counted_apart() -> None:
     decisions = [decision(1, 101.0, version=5), decision(2, 102.0, outcome="held", version=6)]
-    gateways = {"0": acks([4], [100.5]), "1": acks([4], [100.5])}
-    latencies, unacknowledged = acknowledged_latencies(decisions, gateways, WINDOW)
+    latencies, unacknowledged = enforced_latencies(decisions, WINDOW)
     assert latencies == []
     assert unacknowledged == 1, "held decisions publish nothing and are not counted"
 
 
-def test_an_ack_stamped_a_hair_before_the_decision_counts_as_zero() -> None:
-    latencies, _ = acknowledged_latencies(
-        [decision(1, 101.0, version=5)], {"0": acks([5], [100.9999])}, WINDOW
-    )
+def test_an_enforcement_stamped_a_hair_before_the_decision_counts_as_zero() -> None:
+    latencies, _ = enforced_latencies([enforced(decision(1, 101.0, version=5), 100.9999)], WINDOW)
     assert latencies == [0.0]
+
+
+def enforced(d: DecisionTimes, at: float) -> DecisionTimes:
+    return dataclasses.replace(d, enforced_at_wall_s=at)
 
 
 def test_rates_are_per_gateway_per_second_of_the_window() -> None:

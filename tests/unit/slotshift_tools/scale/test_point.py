@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from slotshift.apportion import nominal_shares
 from slotshift.config import ConfigError
 from slotshift.v1 import query_pb2
+from slotshift.wire import to_timestamp
 from slotshift_tools.scale.point import (
     POLICY,
     POOL,
@@ -91,6 +94,8 @@ class FakeDecisionLog:
         self.between: list[int] = []
         """How many decisions to add after each call, in order."""
         self.calls: list[int] = []
+        self.enforced: dict[int, float] = {}
+        """id -> when it was enforced; a decision not named here is enforced as it is made."""
 
     def decide(self, count: int) -> None:
         start = self.ids[-1] + 1 if self.ids else 1
@@ -105,10 +110,14 @@ class FakeDecisionLog:
             decisions=[
                 query_pb2.Decision(
                     id=i,
+                    decided_at=to_timestamp(float(i)),
                     outcome=query_pb2.DECISION_OUTCOME_PUBLISHED,
                     trigger="period",
                     version=i,
                     duration_ms=1.0,
+                    enforced_at=None
+                    if math.isnan(at := self.enforced.get(i, float(i)))
+                    else to_timestamp(at),
                 )
                 for i in newest_first
             ]
@@ -157,3 +166,19 @@ async def test_nothing_new_costs_one_small_read() -> None:
     log.calls.clear()
     await reader.read_new()
     assert log.calls == [1]
+
+
+async def test_a_decision_read_before_it_was_enforced_is_read_again() -> None:
+    log = FakeDecisionLog(capacity=64)
+    reader = DecisionReader(log, POOL)  # type: ignore[arg-type]
+    log.enforced[2] = math.nan
+    log.decide(3)
+    await reader.read_new()
+    assert reader.decisions[2].enforced_at_wall_s is None
+    log.enforced[2] = 2.5
+    log.decide(1)
+    await reader.read_new()
+    assert reader.decisions[2].enforced_at_wall_s == 2.5
+    log.calls.clear()
+    await reader.read_new()
+    assert log.calls == [1], "nothing new and nothing pending: one small read"
