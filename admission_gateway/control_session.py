@@ -26,7 +26,7 @@ from slotshift.demand import TenantDemand
 from slotshift.reconnect import STREAM_GONE
 from slotshift.trace_context import DECISION_TRACEPARENT, parent_from, span_context_from
 from slotshift.v1 import common_pb2, gateway_pb2
-from slotshift.wire import demand_to_proto, to_timestamp
+from slotshift.wire import demand_columns_to_proto, to_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class ControlSession:
                 gateway_id=self._gateway_id,
                 version=update.version,
                 observed_at=to_timestamp(self._clock.wall()),
-                tenants=figures,
+                columns=figures,
                 delta=delta,
                 tokens=() if delta else self._tokens(),
             )
@@ -256,7 +256,7 @@ class ControlSession:
                     gateway_id=self._gateway_id,
                     applied_version=self._state.applied_version,
                     observed_at=to_timestamp(self._clock.wall()),
-                    tenants=figures,
+                    columns=figures,
                     delta=delta,
                     tokens=() if delta else self._tokens(),
                 )
@@ -274,7 +274,7 @@ class ControlSession:
             gateway_id=self._gateway_id,
             applied_version=self._state.applied_version,
             observed_at=to_timestamp(self._clock.wall()),
-            tenants=figures,
+            columns=figures,
             tokens=self._tokens(),
         )
 
@@ -292,7 +292,7 @@ class ControlSession:
             for model, totals in tenant.tokens.items()
         ]
 
-    def _changed_figures(self) -> tuple[list[common_pb2.TenantDemand], bool]:
+    def _changed_figures(self) -> tuple[common_pb2.TenantDemandColumns, bool]:
         """The figures for a report or an ack, and whether they are a delta."""
         if self._figures is None:
             self._figures = _FiguresSent(self._clock, self._full_report_interval_s)
@@ -320,14 +320,14 @@ class _FiguresSent:
 
     def next(
         self, demand: list[TenantDemand], *, whole: bool
-    ) -> tuple[list[common_pb2.TenantDemand], bool]:
+    ) -> tuple[common_pb2.TenantDemandColumns, bool]:
         """What to send of `demand` now, and whether it is a delta (only the changed figures)."""
         now = self._clock.monotonic()
         if whole or now >= self._whole_due_s:
             self._held = {d.tenant: d for d in demand}
             self._whole_due_s = now + self._full_interval_s
-            return [demand_to_proto(d) for d in demand], False
+            return demand_columns_to_proto(demand), False
         changed = [d for d in demand if self._held.get(d.tenant) != d]
         for figures in changed:
             self._held[figures.tenant] = figures
-        return [demand_to_proto(d) for d in changed], True
+        return demand_columns_to_proto(changed), True

@@ -312,7 +312,7 @@ _Figures = gateway_pb2.GatewayHello | gateway_pb2.DemandReport | gateway_pb2.All
 
 
 def _demands(message: _Figures) -> DemandColumns:
-    return demand_columns_from_proto(message.tenants)
+    return demand_columns_from_proto(message)
 
 
 def _tokens(message: _Figures) -> list[TokenCount]:

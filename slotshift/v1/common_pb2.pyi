@@ -3,8 +3,10 @@
 isort:skip_file
 """
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -125,6 +127,122 @@ class TenantDemand(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TenantDemand: _TypeAlias = TenantDemand  # noqa: Y015
+
+@_typing.final
+class TenantDemandColumns(_message.Message):
+    """Many tenants' demand at one gateway as columns: element i of every field belongs to tenant[i],
+    and every field is as long as `tenant` (a peer's shorter field reads as 0 for the tenants it
+    misses, a longer one is cut). The same figures, names and units as TenantDemand, each latency
+    window spread over four fields (count, p50, p90, p99). Gateways send their figures this way:
+    the control plane reads a report of many tenants in a fraction of the time it takes to read
+    as many TenantDemand messages.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TENANT_FIELD_NUMBER: _builtins.int
+    IN_FLIGHT_FIELD_NUMBER: _builtins.int
+    QUEUED_FIELD_NUMBER: _builtins.int
+    ADMITTED_TOTAL_FIELD_NUMBER: _builtins.int
+    COMPLETED_TOTAL_FIELD_NUMBER: _builtins.int
+    REJECTED_TOTAL_FIELD_NUMBER: _builtins.int
+    LIMIT_SLOTS_FIELD_NUMBER: _builtins.int
+    TTFT_COUNT_FIELD_NUMBER: _builtins.int
+    TTFT_P50_MS_FIELD_NUMBER: _builtins.int
+    TTFT_P90_MS_FIELD_NUMBER: _builtins.int
+    TTFT_P99_MS_FIELD_NUMBER: _builtins.int
+    E2E_COUNT_FIELD_NUMBER: _builtins.int
+    E2E_P50_MS_FIELD_NUMBER: _builtins.int
+    E2E_P90_MS_FIELD_NUMBER: _builtins.int
+    E2E_P99_MS_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_COUNT_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_P50_MS_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_P90_MS_FIELD_NUMBER: _builtins.int
+    QUEUE_WAIT_P99_MS_FIELD_NUMBER: _builtins.int
+    PAUSED_FIELD_NUMBER: _builtins.int
+    OUTPUT_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    WASTE_TOKENS_TOTAL_FIELD_NUMBER: _builtins.int
+    PAUSES_TOTAL_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def tenant(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def in_flight(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def queued(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def admitted_total(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def completed_total(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def rejected_total(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def limit_slots(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def ttft_count(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def ttft_p50_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def ttft_p90_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def ttft_p99_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def e2e_count(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def e2e_p50_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def e2e_p90_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def e2e_p99_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def queue_wait_count(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def queue_wait_p50_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def queue_wait_p90_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def queue_wait_p99_ms(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def paused(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def output_tokens_total(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def waste_tokens_total(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def pauses_total(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        tenant: _abc.Iterable[_builtins.str] | None = ...,
+        in_flight: _abc.Iterable[_builtins.int] | None = ...,
+        queued: _abc.Iterable[_builtins.int] | None = ...,
+        admitted_total: _abc.Iterable[_builtins.int] | None = ...,
+        completed_total: _abc.Iterable[_builtins.int] | None = ...,
+        rejected_total: _abc.Iterable[_builtins.int] | None = ...,
+        limit_slots: _abc.Iterable[_builtins.int] | None = ...,
+        ttft_count: _abc.Iterable[_builtins.int] | None = ...,
+        ttft_p50_ms: _abc.Iterable[_builtins.float] | None = ...,
+        ttft_p90_ms: _abc.Iterable[_builtins.float] | None = ...,
+        ttft_p99_ms: _abc.Iterable[_builtins.float] | None = ...,
+        e2e_count: _abc.Iterable[_builtins.int] | None = ...,
+        e2e_p50_ms: _abc.Iterable[_builtins.float] | None = ...,
+        e2e_p90_ms: _abc.Iterable[_builtins.float] | None = ...,
+        e2e_p99_ms: _abc.Iterable[_builtins.float] | None = ...,
+        queue_wait_count: _abc.Iterable[_builtins.int] | None = ...,
+        queue_wait_p50_ms: _abc.Iterable[_builtins.float] | None = ...,
+        queue_wait_p90_ms: _abc.Iterable[_builtins.float] | None = ...,
+        queue_wait_p99_ms: _abc.Iterable[_builtins.float] | None = ...,
+        paused: _abc.Iterable[_builtins.int] | None = ...,
+        output_tokens_total: _abc.Iterable[_builtins.int] | None = ...,
+        waste_tokens_total: _abc.Iterable[_builtins.int] | None = ...,
+        pauses_total: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted_total", b"admitted_total", "completed_total", b"completed_total", "e2e_count", b"e2e_count", "e2e_p50_ms", b"e2e_p50_ms", "e2e_p90_ms", b"e2e_p90_ms", "e2e_p99_ms", b"e2e_p99_ms", "in_flight", b"in_flight", "limit_slots", b"limit_slots", "output_tokens_total", b"output_tokens_total", "paused", b"paused", "pauses_total", b"pauses_total", "queue_wait_count", b"queue_wait_count", "queue_wait_p50_ms", b"queue_wait_p50_ms", "queue_wait_p90_ms", b"queue_wait_p90_ms", "queue_wait_p99_ms", b"queue_wait_p99_ms", "queued", b"queued", "rejected_total", b"rejected_total", "tenant", b"tenant", "ttft_count", b"ttft_count", "ttft_p50_ms", b"ttft_p50_ms", "ttft_p90_ms", b"ttft_p90_ms", "ttft_p99_ms", b"ttft_p99_ms", "waste_tokens_total", b"waste_tokens_total"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TenantDemandColumns: _TypeAlias = TenantDemandColumns  # noqa: Y015
 
 @_typing.final
 class TenantTokens(_message.Message):

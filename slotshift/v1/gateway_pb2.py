@@ -27,7 +27,7 @@ from slotshift.v1 import allocation_pb2 as slotshift_dot_v1_dot_allocation__pb2
 from slotshift.v1 import common_pb2 as slotshift_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aslotshift/v1/gateway.proto\x12\x0cslotshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dslotshift/v1/allocation.proto\x1a\x19slotshift/v1/common.proto\"\x9f\x01\n\x0eGatewayMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1a.slotshift.v1.GatewayHelloH\x00\x12,\n\x06\x64\x65mand\x18\x02 \x01(\x0b\x32\x1a.slotshift.v1.DemandReportH\x00\x12*\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x1b.slotshift.v1.AllocationAckH\x00\x42\x06\n\x04kind\"\xd3\x01\n\x0cGatewayHello\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x03\x12+\n\x07tenants\x18\x04 \x03(\x0b\x32\x1a.slotshift.v1.TenantDemand\x12/\n\x0bobserved_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06tokens\x18\x06 \x03(\x0b\x32\x1a.slotshift.v1.TenantTokens\"\xe2\x01\n\x0c\x44\x65mandReport\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x03\x12/\n\x0bobserved_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x07tenants\x18\x05 \x03(\x0b\x32\x1a.slotshift.v1.TenantDemand\x12\r\n\x05\x64\x65lta\x18\x06 \x01(\x08\x12*\n\x06tokens\x18\x07 \x03(\x0b\x32\x1a.slotshift.v1.TenantTokens\"\xdb\x01\n\rAllocationAck\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12+\n\x07tenants\x18\x04 \x03(\x0b\x32\x1a.slotshift.v1.TenantDemand\x12/\n\x0bobserved_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x64\x65lta\x18\x06 \x01(\x08\x12*\n\x06tokens\x18\x07 \x03(\x0b\x32\x1a.slotshift.v1.TenantTokens\"\x80\x01\n\x0e\x43ontrolMessage\x12\x34\n\nallocation\x18\x01 \x01(\x0b\x32\x1e.slotshift.v1.AllocationUpdateH\x00\x12\x30\n\x07tenants\x18\x02 \x01(\x0b\x32\x1d.slotshift.v1.TenantDirectoryH\x00\x42\x06\n\x04kind\"b\n\x0fTenantDirectory\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x16\n\x0e\x63onfig_version\x18\x02 \x01(\x03\x12)\n\x07tenants\x18\x03 \x03(\x0b\x32\x18.slotshift.v1.TenantKeys\"4\n\nTenantKeys\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0e\x61pi_key_sha256\x18\x02 \x03(\x0c\"\xbf\x02\n\x10\x41llocationUpdate\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\x03\x12\x14\n\x0c\x62udget_slots\x18\x05 \x01(\x05\x12\x31\n\x07tenants\x18\x06 \x03(\x0b\x32 .slotshift.v1.GatewayTenantLimit\x12G\n\rtrace_context\x18\x07 \x03(\x0b\x32\x30.slotshift.v1.AllocationUpdate.TraceContextEntry\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\x08\x12\r\n\x05\x65poch\x18\t \x01(\x03\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32[\n\x0eGatewayService\x12I\n\x07\x43onnect\x12\x1c.slotshift.v1.GatewayMessage\x1a\x1c.slotshift.v1.ControlMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aslotshift/v1/gateway.proto\x12\x0cslotshift.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1dslotshift/v1/allocation.proto\x1a\x19slotshift/v1/common.proto\"\x9f\x01\n\x0eGatewayMessage\x12+\n\x05hello\x18\x01 \x01(\x0b\x32\x1a.slotshift.v1.GatewayHelloH\x00\x12,\n\x06\x64\x65mand\x18\x02 \x01(\x0b\x32\x1a.slotshift.v1.DemandReportH\x00\x12*\n\x03\x61\x63k\x18\x03 \x01(\x0b\x32\x1b.slotshift.v1.AllocationAckH\x00\x42\x06\n\x04kind\"\x87\x02\n\x0cGatewayHello\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x03\x12+\n\x07tenants\x18\x04 \x03(\x0b\x32\x1a.slotshift.v1.TenantDemand\x12/\n\x0bobserved_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12*\n\x06tokens\x18\x06 \x03(\x0b\x32\x1a.slotshift.v1.TenantTokens\x12\x32\n\x07\x63olumns\x18\x07 \x01(\x0b\x32!.slotshift.v1.TenantDemandColumns\"\x96\x02\n\x0c\x44\x65mandReport\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x17\n\x0f\x61pplied_version\x18\x03 \x01(\x03\x12/\n\x0bobserved_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\x07tenants\x18\x05 \x03(\x0b\x32\x1a.slotshift.v1.TenantDemand\x12\r\n\x05\x64\x65lta\x18\x06 \x01(\x08\x12*\n\x06tokens\x18\x07 \x03(\x0b\x32\x1a.slotshift.v1.TenantTokens\x12\x32\n\x07\x63olumns\x18\x08 \x01(\x0b\x32!.slotshift.v1.TenantDemandColumns\"\x8f\x02\n\rAllocationAck\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12+\n\x07tenants\x18\x04 \x03(\x0b\x32\x1a.slotshift.v1.TenantDemand\x12/\n\x0bobserved_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x64\x65lta\x18\x06 \x01(\x08\x12*\n\x06tokens\x18\x07 \x03(\x0b\x32\x1a.slotshift.v1.TenantTokens\x12\x32\n\x07\x63olumns\x18\x08 \x01(\x0b\x32!.slotshift.v1.TenantDemandColumns\"\x80\x01\n\x0e\x43ontrolMessage\x12\x34\n\nallocation\x18\x01 \x01(\x0b\x32\x1e.slotshift.v1.AllocationUpdateH\x00\x12\x30\n\x07tenants\x18\x02 \x01(\x0b\x32\x1d.slotshift.v1.TenantDirectoryH\x00\x42\x06\n\x04kind\"b\n\x0fTenantDirectory\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x16\n\x0e\x63onfig_version\x18\x02 \x01(\x03\x12)\n\x07tenants\x18\x03 \x03(\x0b\x32\x18.slotshift.v1.TenantKeys\"4\n\nTenantKeys\x12\x0e\n\x06tenant\x18\x01 \x01(\t\x12\x16\n\x0e\x61pi_key_sha256\x18\x02 \x03(\x0c\"\xbf\x02\n\x10\x41llocationUpdate\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x12\n\ngateway_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x13\n\x0b\x64\x65\x63ision_id\x18\x04 \x01(\x03\x12\x14\n\x0c\x62udget_slots\x18\x05 \x01(\x05\x12\x31\n\x07tenants\x18\x06 \x03(\x0b\x32 .slotshift.v1.GatewayTenantLimit\x12G\n\rtrace_context\x18\x07 \x03(\x0b\x32\x30.slotshift.v1.AllocationUpdate.TraceContextEntry\x12\r\n\x05\x64\x65lta\x18\x08 \x01(\x08\x12\r\n\x05\x65poch\x18\t \x01(\x03\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32[\n\x0eGatewayService\x12I\n\x07\x43onnect\x12\x1c.slotshift.v1.GatewayMessage\x1a\x1c.slotshift.v1.ControlMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,21 +39,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GATEWAYMESSAGE']._serialized_start=136
   _globals['_GATEWAYMESSAGE']._serialized_end=295
   _globals['_GATEWAYHELLO']._serialized_start=298
-  _globals['_GATEWAYHELLO']._serialized_end=509
-  _globals['_DEMANDREPORT']._serialized_start=512
-  _globals['_DEMANDREPORT']._serialized_end=738
-  _globals['_ALLOCATIONACK']._serialized_start=741
-  _globals['_ALLOCATIONACK']._serialized_end=960
-  _globals['_CONTROLMESSAGE']._serialized_start=963
-  _globals['_CONTROLMESSAGE']._serialized_end=1091
-  _globals['_TENANTDIRECTORY']._serialized_start=1093
-  _globals['_TENANTDIRECTORY']._serialized_end=1191
-  _globals['_TENANTKEYS']._serialized_start=1193
-  _globals['_TENANTKEYS']._serialized_end=1245
-  _globals['_ALLOCATIONUPDATE']._serialized_start=1248
-  _globals['_ALLOCATIONUPDATE']._serialized_end=1567
-  _globals['_ALLOCATIONUPDATE_TRACECONTEXTENTRY']._serialized_start=1516
-  _globals['_ALLOCATIONUPDATE_TRACECONTEXTENTRY']._serialized_end=1567
-  _globals['_GATEWAYSERVICE']._serialized_start=1569
-  _globals['_GATEWAYSERVICE']._serialized_end=1660
+  _globals['_GATEWAYHELLO']._serialized_end=561
+  _globals['_DEMANDREPORT']._serialized_start=564
+  _globals['_DEMANDREPORT']._serialized_end=842
+  _globals['_ALLOCATIONACK']._serialized_start=845
+  _globals['_ALLOCATIONACK']._serialized_end=1116
+  _globals['_CONTROLMESSAGE']._serialized_start=1119
+  _globals['_CONTROLMESSAGE']._serialized_end=1247
+  _globals['_TENANTDIRECTORY']._serialized_start=1249
+  _globals['_TENANTDIRECTORY']._serialized_end=1347
+  _globals['_TENANTKEYS']._serialized_start=1349
+  _globals['_TENANTKEYS']._serialized_end=1401
+  _globals['_ALLOCATIONUPDATE']._serialized_start=1404
+  _globals['_ALLOCATIONUPDATE']._serialized_end=1723
+  _globals['_ALLOCATIONUPDATE_TRACECONTEXTENTRY']._serialized_start=1672
+  _globals['_ALLOCATIONUPDATE_TRACECONTEXTENTRY']._serialized_end=1723
+  _globals['_GATEWAYSERVICE']._serialized_start=1725
+  _globals['_GATEWAYSERVICE']._serialized_end=1816
 # @@protoc_insertion_point(module_scope)

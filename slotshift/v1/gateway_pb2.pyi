@@ -63,6 +63,7 @@ class GatewayHello(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     applied_version: _builtins.int
@@ -81,6 +82,10 @@ class GatewayHello(_message.Message):
     def tokens(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantTokens]:
         """Every tenant's tokens per model here (see DemandReport.tokens)."""
 
+    @_builtins.property
+    def columns(self) -> _common_pb2.TenantDemandColumns:
+        """`tenants` as columns (see DemandReport.columns)."""
+
     def __init__(
         self,
         *,
@@ -90,10 +95,11 @@ class GatewayHello(_message.Message):
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
         observed_at: _timestamp_pb2.Timestamp | None = ...,
         tokens: _abc.Iterable[_common_pb2.TenantTokens] | None = ...,
+        columns: _common_pb2.TenantDemandColumns | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "columns", b"columns", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -112,6 +118,7 @@ class DemandReport(_message.Message):
     TENANTS_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     applied_version: _builtins.int
@@ -138,6 +145,12 @@ class DemandReport(_message.Message):
         control plane's tokens per second come from consecutive full reports.
         """
 
+    @_builtins.property
+    def columns(self) -> _common_pb2.TenantDemandColumns:
+        """The same figures as `tenants`, as columns: what gateways send (the control plane reads both
+        fields, `tenants` first; a tenant in both counts with its figures here).
+        """
+
     def __init__(
         self,
         *,
@@ -148,10 +161,11 @@ class DemandReport(_message.Message):
         tenants: _abc.Iterable[_common_pb2.TenantDemand] | None = ...,
         delta: _builtins.bool = ...,
         tokens: _abc.Iterable[_common_pb2.TenantTokens] | None = ...,
+        columns: _common_pb2.TenantDemandColumns | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "columns", b"columns", "delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -170,6 +184,7 @@ class AllocationAck(_message.Message):
     OBSERVED_AT_FIELD_NUMBER: _builtins.int
     DELTA_FIELD_NUMBER: _builtins.int
     TOKENS_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     gateway_id: _builtins.str
     version: _builtins.int
@@ -185,6 +200,10 @@ class AllocationAck(_message.Message):
     def tokens(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TenantTokens]:
         """As DemandReport.tokens: in full acknowledgements only."""
 
+    @_builtins.property
+    def columns(self) -> _common_pb2.TenantDemandColumns:
+        """`tenants` as columns (see DemandReport.columns)."""
+
     def __init__(
         self,
         *,
@@ -195,10 +214,11 @@ class AllocationAck(_message.Message):
         observed_at: _timestamp_pb2.Timestamp | None = ...,
         delta: _builtins.bool = ...,
         tokens: _abc.Iterable[_common_pb2.TenantTokens] | None = ...,
+        columns: _common_pb2.TenantDemandColumns | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["observed_at", b"observed_at"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "observed_at", b"observed_at"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "delta", b"delta", "gateway_id", b"gateway_id", "observed_at", b"observed_at", "pool", b"pool", "tenants", b"tenants", "tokens", b"tokens", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

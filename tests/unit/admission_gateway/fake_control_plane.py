@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from slotshift.v1 import allocation_pb2, common_pb2, gateway_pb2, gateway_pb2_grpc
+from tests.support import tenant_figures
 
 
 @dataclass
@@ -26,12 +27,12 @@ class Session:
         figures: dict[str, common_pb2.TenantDemand] = {}
         for message in self.received:
             if message.HasField("hello"):
-                figures = {t.tenant: t for t in message.hello.tenants}
+                figures = {t.tenant: t for t in tenant_figures(message.hello)}
                 continue
             carrier = message.demand if message.HasField("demand") else message.ack
             if not carrier.delta:
                 figures = {}
-            figures.update({t.tenant: t for t in carrier.tenants})
+            figures.update({t.tenant: t for t in tenant_figures(carrier)})
         return figures
 
     async def push(self, version: int, gateway_id: str = "gw-1", **limits: tuple[int, int]) -> None:

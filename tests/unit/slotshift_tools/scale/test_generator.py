@@ -14,7 +14,7 @@ from slotshift.clock import SystemClock
 from slotshift.v1 import allocation_pb2, gateway_pb2, gateway_pb2_grpc
 from slotshift_tools.scale.budget import check_budget
 from slotshift_tools.scale.generator import GeneratorSpec, Recorder, gateway_name, run_generator
-from tests.support import wait_until
+from tests.support import tenant_figures, wait_until
 
 POOL = "scale"
 TENANTS = ("a", "b")
@@ -105,7 +105,7 @@ async def test_hello_acks_and_reports_follow_the_real_gateways_protocol(
         assert hello.hello.gateway_id == gateway_name(0)
         assert hello.hello.applied_version == 0
         # The static fallback split: nominal share // gateways.
-        assert [(t.tenant, t.limit_slots, t.in_flight) for t in hello.hello.tenants] == [
+        assert [(t.tenant, t.limit_slots, t.in_flight) for t in tenant_figures(hello.hello)] == [
             ("a", 3, 0),
             ("b", 2, 0),
         ]
@@ -118,7 +118,10 @@ async def test_hello_acks_and_reports_follow_the_real_gateways_protocol(
         first_ack = stand_in.of_kind("ack")[0].ack
         assert first_ack.version == 1
         assert first_ack.gateway_id == gateway_name(0)
-        assert [(t.tenant, t.limit_slots) for t in first_ack.tenants] == [("a", 5), ("b", 1)]
+        assert [(t.tenant, t.limit_slots) for t in tenant_figures(first_ack)] == [
+            ("a", 5),
+            ("b", 1),
+        ]
 
         stand_in.outbox.put_nowait(update(1, {"a": 0, "b": 0}))  # not newer: ignored
         stand_in.outbox.put_nowait(update(2, {"a": 2, "b": 6}))
@@ -137,10 +140,10 @@ async def test_hello_acks_and_reports_follow_the_real_gateways_protocol(
     assert last.observed_at.seconds > 0
     assert all(r.demand.delta for r in reports), "within 5 s of the hello, every report is a delta"
     # The figures as the control plane holds them: the hello's, then each message's changes.
-    held = {t.tenant: t for t in hello.hello.tenants}
+    held = {t.tenant: t for t in tenant_figures(hello.hello)}
     for message in stand_in.received[1:]:
         carrier = message.demand if message.HasField("demand") else message.ack
-        held.update({t.tenant: t for t in carrier.tenants})
+        held.update({t.tenant: t for t in tenant_figures(carrier)})
     assert list(held) == list(TENANTS)
     for tenant in held.values():
         assert tenant.queued <= 8
