@@ -3,14 +3,15 @@
 The control plane pushes each gateway only what changed since the last update on its stream
 (go-control-plane's incremental xDS): the first update of a stream is whole, the others name the
 tenants whose target, limit or pause level moved. An update goes out at once when somebody waits
-for it: it carries a reclaim (a pause level changes), the shrink of a tenant whose pool-wide
-limit fell (a decision gave those slots to someone else), a grant to a lender with requests
-queued at that gateway, or any shrink while some lender waits for slots the grants could not
-give it yet (the slots it waits for are freed by the gateways' acknowledgements) or while the
-gateways may hold more than the budget together (a late gateway's fallback split). Anything else
-(headroom moving between gateways, a borrower's part following its queues) may wait for the
-gateway's next push slot, so that demand moving between gateways costs at most one update per
-gateway per `push_min_interval_ms`.
+for it: it carries a reclaim (a pause level changes), a decision (some tenant's pool-wide limit
+moved: a shrink gives its slots to someone else, and the decision counts as taken only once
+every gateway it changed has acknowledged it), a grant to a lender with requests queued at that
+gateway, or any shrink while some lender waits for slots the grants could not give it yet (the
+slots it waits for are freed by the gateways' acknowledgements) or while the gateways may hold
+more than the budget together (a late gateway's fallback split). Anything else (headroom moving
+between gateways, a borrower's part following its queues) may wait for the gateway's next push
+slot, so that demand moving between gateways costs at most one update per gateway per
+`push_min_interval_ms`.
 
 Pure: arrays in, a new value out.
 """
@@ -82,9 +83,9 @@ def next_push(pushed: GatewayRow | None, row: GatewayRow, waiting: Waiting | Non
     Contract (tests/unit/controlplane/test_push.py):
     - nothing pushed yet, or other tenants than last time: a whole update, urgent;
     - otherwise exactly the tenants whose target, limit or pause differ (possibly none);
-    - urgent exactly when, among them, some pause level differs, or some limit falls where
-      the tenant's pool-wide limit fell or while `waiting.lender_short` or
-      `waiting.over_budget`, or some limit rises for a lending tenant with requests queued at the gateway; with `waiting` None, when some
+    - urgent exactly when, among them, some pause level or pool-wide limit differs, or some
+      limit falls while `waiting.lender_short` or `waiting.over_budget`, or some limit rises
+      for a lending tenant with requests queued at the gateway; with `waiting` None, when some
       limit or pause level differs.
     """
     if pushed is None or pushed.tenants != row.tenants:
@@ -103,11 +104,11 @@ def next_push(pushed: GatewayRow | None, row: GatewayRow, waiting: Waiting | Non
     raised = after > before
     if waiting is None:
         return Push(columns=columns, urgent=repaused or bool((fell | raised).any()))
-    shrunk = row.pool_limits[columns] < pushed.pool_limits[columns]
+    decided = row.pool_limits[columns] != pushed.pool_limits[columns]
     granted = raised & waiting.lending[columns] & (waiting.queued[columns] > 0)
     urgent = (
         repaused
-        or bool((fell & shrunk).any())
+        or bool(decided.any())
         or ((waiting.lender_short or waiting.over_budget) and bool(fell.any()))
         or bool(granted.any())
     )

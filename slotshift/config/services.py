@@ -77,7 +77,7 @@ class ControlPlaneConfig(ConfigModel):
 
     push_min_interval_ms: Annotated[float, Field(ge=0)] = 100.0
     """About one allocation update a gateway gets in this long. An update somebody waits for
-    goes out at once (a pause, the shrink of a tenant whose pool-wide limit fell, a grant to a
+    goes out at once (a pause, a decision's change of a tenant's pool-wide limit, a grant to a
     lender queued there, any shrink while a lender waits for slots held elsewhere) and takes the
     next slot; one that can wait (headroom moving between gateways) waits for the gateway's next
     slot and then carries the newest limits (controlplane/core/push.py). 0: every change at

@@ -41,9 +41,15 @@ class _Stream:
 
 
 def _deliver(
-    state: PoolState, session: GatewaySession, version: int, targets: list[int], limits: list[int]
+    state: PoolState,
+    session: GatewaySession,
+    version: int,
+    targets: list[int],
+    limits: list[int],
+    pool: tuple[int, int] = (100, 100),
 ) -> None:
-    """Put an allocation for the session's gateway (tenants A, B) in its mailbox."""
+    """Put an allocation for the session's gateway (tenants A, B) in its mailbox; `pool`: the
+    tenants' pool-wide limits (other gateways hold the rest; a change of them is a decision's)."""
     shape = (1, len(state.tenants))
     cells = CellLimits.of(
         (session.gateway_id,),
@@ -51,6 +57,7 @@ def _deliver(
         np.array([targets], dtype=np.int64).reshape(shape),
         np.array([limits], dtype=np.int64).reshape(shape),
         np.full(shape, NO_PAUSE, dtype=np.int64),
+        pool_limits=np.array(pool, dtype=np.int64),
     )
     allocation = dataclasses.replace(state.allocation, version=version, cells=cells)
     session.mailbox.put(Delivery(allocation))
@@ -94,8 +101,8 @@ async def test_held_changes_ride_with_the_next_urgent_one_and_the_slot_frees_the
 
         # A's headroom grows, no request of A waits: it may wait for the slot (60 s away).
         _deliver(state, session, 2, [50, 46], [48, 46])
-        # ... B shrinks further: that may not wait, and carries A's held change with it.
-        _deliver(state, session, 3, [50, 44], [50, 44])
+        # ... a decision shrinks B: that may not wait, and carries A's held change with it.
+        _deliver(state, session, 3, [50, 44], [50, 44], pool=(102, 98))
         await wait_until(lambda: len(stream.updates) == 2, message="the urgent update")
         second = stream.updates[1]
         assert second.version == 3 and second.delta
@@ -105,7 +112,7 @@ async def test_held_changes_ride_with_the_next_urgent_one_and_the_slot_frees_the
         }
 
         # Another change that may wait, then the slot passes: it goes out alone.
-        _deliver(state, session, 4, [52, 44], [52, 44])
+        _deliver(state, session, 4, [52, 44], [52, 44], pool=(102, 98))
         for _ in range(50):
             await asyncio.sleep(0)
         assert len(stream.updates) == 2, "held for the slot"
@@ -124,13 +131,13 @@ async def test_urgent_updates_take_the_next_slots_so_the_rate_stays_one_per_inte
         _deliver(state, session, 1, [48, 48], [48, 48])
         await wait_until(lambda: len(stream.updates) == 1, message="the first update")
         # Two shrinks of B (its pool-wide limit falls): urgent, out at once, each taking a slot.
-        _deliver(state, session, 2, [50, 46], [48, 46])
+        _deliver(state, session, 2, [50, 46], [48, 46], pool=(102, 98))
         await wait_until(lambda: len(stream.updates) == 2, message="the first urgent update")
-        _deliver(state, session, 3, [52, 44], [48, 44])
+        _deliver(state, session, 3, [52, 44], [48, 44], pool=(104, 96))
         await wait_until(lambda: len(stream.updates) == 3, message="the second urgent update")
         # A's grant catching up may wait: the urgent updates took the next slots, as far as
         # two intervals ahead (not three: the debt is capped).
-        _deliver(state, session, 4, [52, 44], [52, 44])
+        _deliver(state, session, 4, [52, 44], [52, 44], pool=(104, 96))
         clock.advance(SLOT_S)
         session.mailbox.wake()
         for _ in range(50):

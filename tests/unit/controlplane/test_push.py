@@ -70,6 +70,8 @@ def test_a_grant_to_a_queued_lender_goes_at_once_and_to_a_borrower_may_wait() ->
 
 
 def test_a_shrink_goes_at_once_when_its_slots_are_given_away_or_a_lender_waits() -> None:
+    """And any change of a tenant's pool-wide limit: a decision goes to every gateway it
+    changed at once."""
     before = _row([6, 4, 0, 0], [6, 4, 0, 0], [NO_PAUSE] * 4, pool=[12, 8, 0, 0])
     moved = _row([5, 4, 0, 0], [5, 4, 0, 0], [NO_PAUSE] * 4, pool=[12, 8, 0, 0])
     nobody = _waiting([0, 0, 0, 0], [False, True, True, True])
@@ -80,6 +82,8 @@ def test_a_shrink_goes_at_once_when_its_slots_are_given_away_or_a_lender_waits()
     assert next_push(before, moved, over).urgent, "the gateways may hold more than the budget"
     shrunk = _row([5, 4, 0, 0], [5, 4, 0, 0], [NO_PAUSE] * 4, pool=[10, 10, 0, 0])
     assert next_push(before, shrunk, nobody).urgent, "A's pool-wide limit fell: a reclaim"
+    decided = _row([6, 5, 0, 0], [6, 4, 0, 0], [NO_PAUSE] * 4, pool=[10, 10, 0, 0])
+    assert next_push(before, decided, nobody).urgent, "a decision's raise, though not granted yet"
     paused = _row([6, 4, 0, 0], [6, 4, 0, 0], [3, NO_PAUSE, NO_PAUSE, NO_PAUSE], pool=[12, 8, 0, 0])
     assert next_push(before, paused, nobody).urgent
 
@@ -126,7 +130,8 @@ def test_next_push_names_exactly_what_moved_and_is_urgent_exactly_when_it_must(
     assert push.columns.tolist() == moved
     must = any(
         pauses[i] != pauses_before[i]
-        or (limits[i] < limits_before[i] and (pool[i] < pool_before[i] or short or over))
+        or pool[i] != pool_before[i]
+        or (limits[i] < limits_before[i] and (short or over))
         or (limits[i] > limits_before[i] and lending[i] and queued[i] > 0)
         for i in moved
     )
