@@ -180,9 +180,8 @@ class GatewayRecord:
         which delivers in order, so an earlier stamp means the gateway's clock stepped back, not
         an old message (dropping it would freeze the gateway's demand until its clock caught
         up). Costs about the number of tenants named (a whole report: the pool's tenants)."""
-        named = np.fromiter(
-            (index.get(t, -1) for t in figures.tenants), dtype=np.intp, count=len(figures)
-        )
+        get = index.get
+        named = np.array([get(t, -1) for t in figures.tenants], dtype=np.intp)
         known = named >= 0
         columns = named[known]
         counts, latencies = figures.counts[:, known], figures.latencies[:, known]

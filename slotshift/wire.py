@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
-from numpy.typing import NDArray
 
 from slotshift.demand import LatencySummary, TenantDemand
 from slotshift.demand_columns import COUNTS, LATENCIES, DemandColumns
@@ -99,6 +98,9 @@ def demand_columns_to_proto(demands: Sequence[TenantDemand]) -> common_pb2.Tenan
     )
 
 
+_Value = TypeVar("_Value", int, float)
+
+
 class FiguresMessage(Protocol):
     """A gateway message that carries tenants' figures: a hello, a report or an ack."""
 
@@ -123,32 +125,28 @@ def demand_columns_from_proto(message: FiguresMessage) -> DemandColumns:
     count_rows = np.zeros((COUNTS, size), dtype=np.int64)
     latency_rows = np.zeros((LATENCIES, size), dtype=np.float64)
     if size:
-        for row, field in enumerate(
-            (
-                columns.in_flight,
-                columns.queued,
-                columns.admitted_total,
-                columns.completed_total,
-                columns.rejected_total,
-                columns.limit_slots,
-                columns.output_tokens_total,
-                columns.waste_tokens_total,
-                columns.ttft_count,
-                columns.e2e_count,
-            )
-        ):
-            _fill(count_rows[row], field)
-        for row, values in enumerate(
-            (
-                columns.ttft_p50_ms,
-                columns.ttft_p90_ms,
-                columns.ttft_p99_ms,
-                columns.e2e_p50_ms,
-                columns.e2e_p90_ms,
-                columns.e2e_p99_ms,
-            )
-        ):
-            _fill(latency_rows[row], values)
+        counts = (
+            columns.in_flight,
+            columns.queued,
+            columns.admitted_total,
+            columns.completed_total,
+            columns.rejected_total,
+            columns.limit_slots,
+            columns.output_tokens_total,
+            columns.waste_tokens_total,
+            columns.ttft_count,
+            columns.e2e_count,
+        )
+        latencies = (
+            columns.ttft_p50_ms,
+            columns.ttft_p90_ms,
+            columns.ttft_p99_ms,
+            columns.e2e_p50_ms,
+            columns.e2e_p90_ms,
+            columns.e2e_p99_ms,
+        )
+        count_rows = np.array([_sized(field, size) for field in counts], dtype=np.int64)
+        latency_rows = np.array([_sized(values, size) for values in latencies], dtype=np.float64)
     if message.tenants:
         older = _tenants_as_columns(message.tenants)
         names = list(older.tenants) + names
@@ -162,13 +160,13 @@ def demand_columns_from_proto(message: FiguresMessage) -> DemandColumns:
     return DemandColumns.checked(tuple(names), count_rows, latency_rows)
 
 
-def _fill(row: NDArray[np.generic], field: Sequence[float]) -> None:
-    """`row` (zeros) takes a peer's column: as much of it as fits (a shorter one leaves zeros)."""
-    if len(field) == row.size:
-        row[:] = field
-    else:
-        values = list(field)[: row.size]
-        row[: len(values)] = values
+def _sized(field: Sequence[_Value], size: int) -> Sequence[_Value]:
+    """A peer's column as `size` values: itself, or cut, or with zeros for the tenants it
+    misses (an empty one: a figure the peer does not send)."""
+    if len(field) == size:
+        return field
+    values = list(field)[:size]
+    return values + [0] * (size - len(values))
 
 
 def _tenants_as_columns(messages: Sequence[common_pb2.TenantDemand]) -> DemandColumns:

@@ -69,6 +69,9 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
         self._guard = guard
         self._on_ack = on_ack
         self._tracer = tracer if tracer is not None else trace.NoOpTracer()
+        self._tracing = not isinstance(self._tracer, trace.NoOpTracer)
+        """Whether pushes are traced; without, a push carries its cause's context as it is (what
+        a no-op span would carry) and costs no span."""
         self._clock = clock or SystemClock()
         self._push_min_interval_s = push_min_interval_s
         self.epoch = 0
@@ -261,6 +264,13 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
             delta=push.columns is not None,
             epoch=self.epoch,
         )
+        decision = delivery.decision.get("traceparent")
+        if decision:
+            update.trace_context[DECISION_TRACEPARENT] = decision
+        if not self._tracing:
+            update.trace_context.update(delivery.cause)
+            await sink.write(gateway_pb2.ControlMessage(allocation=update))
+            return
         with self._tracer.start_as_current_span(
             "allocation.push",
             context=parent_from(delivery.cause),
@@ -271,9 +281,6 @@ class GatewayStreamService(gateway_pb2_grpc.GatewayServiceServicer):
                 # every push would cost more than the push.
                 span.set_attributes(_push_attributes(allocation, gateway_id, update))
             update.trace_context.update(carrier_of(span))
-            decision = delivery.decision.get("traceparent")
-            if decision:
-                update.trace_context[DECISION_TRACEPARENT] = decision
             await sink.write(gateway_pb2.ControlMessage(allocation=update))
 
 
