@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 from opentelemetry import trace
@@ -26,7 +27,7 @@ from slotshift.demand import TenantDemand
 from slotshift.reconnect import STREAM_GONE
 from slotshift.trace_context import DECISION_TRACEPARENT, parent_from, span_context_from
 from slotshift.v1 import common_pb2, gateway_pb2
-from slotshift.wire import demand_columns_to_proto, to_timestamp
+from slotshift.wire import demand_columns_to_proto, demand_to_proto, to_timestamp
 
 logger = logging.getLogger(__name__)
 
@@ -196,15 +197,16 @@ class ControlSession:
                     )
             # The ack is built right after the resize, with nothing awaited in between, so the
             # usage it carries is the usage under the new limits.
-            figures, delta = self._changed_figures()
+            figures = self._changed_figures()
             ack = gateway_pb2.AllocationAck(
                 pool=self._state.pool_name,
                 gateway_id=self._gateway_id,
                 version=update.version,
                 observed_at=to_timestamp(self._clock.wall()),
-                columns=figures,
-                delta=delta,
-                tokens=() if delta else self._tokens(),
+                tenants=figures.tenants,
+                columns=figures.columns,
+                delta=figures.delta,
+                tokens=() if figures.delta else self._tokens(),
             )
             # The line's text costs more than applying the update: built only when logged.
             if logger.isEnabledFor(logging.INFO):
@@ -231,6 +233,8 @@ class ControlSession:
         if directory.pool != self._state.pool_name:
             logger.warning("ignoring the tenants of pool %r", directory.pool)
             return
+        if self._figures is not None:
+            self._figures.columns = directory.reads_demand_columns
         tenants = {t.tenant: tuple(t.api_key_sha256) for t in directory.tenants}
         for name in tenants:
             if self._state.add_tenant(name):
@@ -250,15 +254,16 @@ class ControlSession:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(queue_started.wait(), wait_s)
                 queue_started.clear()
-                figures, delta = self._changed_figures()
+                figures = self._changed_figures()
                 report = gateway_pb2.DemandReport(
                     pool=self._state.pool_name,
                     gateway_id=self._gateway_id,
                     applied_version=self._state.applied_version,
                     observed_at=to_timestamp(self._clock.wall()),
-                    columns=figures,
-                    delta=delta,
-                    tokens=() if delta else self._tokens(),
+                    tenants=figures.tenants,
+                    columns=figures.columns,
+                    delta=figures.delta,
+                    tokens=() if figures.delta else self._tokens(),
                 )
                 await self._write(stream, writes, gateway_pb2.GatewayMessage(demand=report))
         except STREAM_GONE:
@@ -268,13 +273,13 @@ class ControlSession:
     def _hello(self) -> gateway_pb2.GatewayHello:
         # A new stream: the control plane holds nothing of ours on it yet.
         self._figures = _FiguresSent(self._clock, self._full_report_interval_s)
-        figures, _ = self._figures.next(self._state.demand(), whole=True)
+        figures = self._figures.next(self._state.demand(), whole=True)
         return gateway_pb2.GatewayHello(
             pool=self._state.pool_name,
             gateway_id=self._gateway_id,
             applied_version=self._state.applied_version,
             observed_at=to_timestamp(self._clock.wall()),
-            columns=figures,
+            tenants=figures.tenants,
             tokens=self._tokens(),
         )
 
@@ -292,8 +297,8 @@ class ControlSession:
             for model, totals in tenant.tokens.items()
         ]
 
-    def _changed_figures(self) -> tuple[common_pb2.TenantDemandColumns, bool]:
-        """The figures for a report or an ack, and whether they are a delta."""
+    def _changed_figures(self) -> _Figures:
+        """The figures for a report or an ack."""
         if self._figures is None:
             self._figures = _FiguresSent(self._clock, self._full_report_interval_s)
         return self._figures.next(self._state.demand(), whole=False)
@@ -307,6 +312,16 @@ class ControlSession:
             await stream.write(message)
 
 
+@dataclass(frozen=True, slots=True)
+class _Figures:
+    """Figures to send, in the form the control plane reads: as one message a tenant, or as
+    columns once it has said it reads them (TenantDirectory.reads_demand_columns)."""
+
+    tenants: list[common_pb2.TenantDemand]
+    columns: common_pb2.TenantDemandColumns | None
+    delta: bool
+
+
 class _FiguresSent:
     """The figures the control plane holds of this gateway on one stream, so that a report or
     an ack carries only what changed (DemandReport.delta), and every tenant's figures at least
@@ -317,17 +332,22 @@ class _FiguresSent:
         self._full_interval_s = full_interval_s
         self._held: dict[str, TenantDemand] = {}
         self._whole_due_s = 0.0
+        self.columns = False
+        """Whether the control plane on this stream reads columns (its directory said so)."""
 
-    def next(
-        self, demand: list[TenantDemand], *, whole: bool
-    ) -> tuple[common_pb2.TenantDemandColumns, bool]:
+    def next(self, demand: list[TenantDemand], *, whole: bool) -> _Figures:
         """What to send of `demand` now, and whether it is a delta (only the changed figures)."""
         now = self._clock.monotonic()
         if whole or now >= self._whole_due_s:
             self._held = {d.tenant: d for d in demand}
             self._whole_due_s = now + self._full_interval_s
-            return demand_columns_to_proto(demand), False
+            return self._as_sent(demand, delta=False)
         changed = [d for d in demand if self._held.get(d.tenant) != d]
         for figures in changed:
             self._held[figures.tenant] = figures
-        return demand_columns_to_proto(changed), True
+        return self._as_sent(changed, delta=True)
+
+    def _as_sent(self, demand: list[TenantDemand], *, delta: bool) -> _Figures:
+        if self.columns:
+            return _Figures([], demand_columns_to_proto(demand), delta)
+        return _Figures([demand_to_proto(d) for d in demand], None, delta)

@@ -24,28 +24,8 @@ from numpy.typing import NDArray
 
 from controlplane.core.allocation import Allocation
 from slotshift.clock import Clock
-from slotshift.demand import LatencySummary, TenantDemand
-from slotshift.demand_columns import (
-    ADMITTED,
-    COMPLETED,
-    COUNTS,
-    E2E_COUNT,
-    E2E_P50,
-    E2E_P90,
-    E2E_P99,
-    IN_FLIGHT,
-    LATENCIES,
-    LIMIT,
-    OUTPUT_TOKENS,
-    QUEUED,
-    REJECTED,
-    TTFT_COUNT,
-    TTFT_P50,
-    TTFT_P90,
-    TTFT_P99,
-    WASTE_TOKENS,
-    DemandColumns,
-)
+from slotshift.demand import TenantDemand
+from slotshift.demand_columns import COUNTS, IN_FLIGHT, LATENCIES, QUEUED, DemandColumns
 from slotshift.newest import NewestBox
 
 logger = logging.getLogger(__name__)
@@ -223,24 +203,10 @@ class GatewayRecord:
     def demand(self, tenants: tuple[str, ...]) -> dict[str, TenantDemand]:
         """The figures it holds, tenant by tenant (`tenants`: the columns' names), as the
         gateway sent them (the fields the control plane keeps)."""
-        counts, latencies = self.counts, self.latencies
-        result: dict[str, TenantDemand] = {}
-        for column in np.flatnonzero(self.held):
-            c, lat = counts[:, column].tolist(), latencies[:, column].tolist()
-            result[tenants[column]] = TenantDemand(
-                tenants[column],
-                in_flight=c[IN_FLIGHT],
-                queued=c[QUEUED],
-                admitted_total=c[ADMITTED],
-                completed_total=c[COMPLETED],
-                rejected_total=c[REJECTED],
-                limit_slots=c[LIMIT],
-                ttft=LatencySummary(c[TTFT_COUNT], lat[TTFT_P50], lat[TTFT_P90], lat[TTFT_P99]),
-                e2e=LatencySummary(c[E2E_COUNT], lat[E2E_P50], lat[E2E_P90], lat[E2E_P99]),
-                output_tokens_total=c[OUTPUT_TOKENS],
-                waste_tokens_total=c[WASTE_TOKENS],
-            )
-        return result
+        held = np.flatnonzero(self.held)
+        names = tuple(tenants[column] for column in held)
+        columns = DemandColumns(names, self.counts[:, held], self.latencies[:, held])
+        return {d.tenant: d for d in columns.demands()}
 
     def enforcing(self, version: int) -> bool:
         """The gateway says it enforces `version` now (an acknowledgement, or a report's

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from slotshift.demand import TenantDemand
+from slotshift.demand import LatencySummary, TenantDemand
 
 IN_FLIGHT, QUEUED, ADMITTED, COMPLETED, REJECTED, LIMIT, OUTPUT_TOKENS, WASTE_TOKENS = range(8)
 TTFT_COUNT, E2E_COUNT = 8, 9
@@ -93,3 +93,25 @@ class DemandColumns:
 
     def __len__(self) -> int:
         return len(self.tenants)
+
+    def demands(self) -> list[TenantDemand]:
+        """The figures as TenantDemands, tenant by tenant (the fields the columns keep)."""
+        result = []
+        rows = zip(self.tenants, self.counts.T.tolist(), self.latencies.T.tolist(), strict=True)
+        for tenant, c, lat in rows:
+            result.append(
+                TenantDemand(
+                    tenant,
+                    in_flight=c[IN_FLIGHT],
+                    queued=c[QUEUED],
+                    admitted_total=c[ADMITTED],
+                    completed_total=c[COMPLETED],
+                    rejected_total=c[REJECTED],
+                    limit_slots=c[LIMIT],
+                    ttft=LatencySummary(c[TTFT_COUNT], lat[TTFT_P50], lat[TTFT_P90], lat[TTFT_P99]),
+                    e2e=LatencySummary(c[E2E_COUNT], lat[E2E_P50], lat[E2E_P90], lat[E2E_P99]),
+                    output_tokens_total=c[OUTPUT_TOKENS],
+                    waste_tokens_total=c[WASTE_TOKENS],
+                )
+            )
+        return result

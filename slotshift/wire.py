@@ -98,6 +98,36 @@ def demand_columns_to_proto(demands: Sequence[TenantDemand]) -> common_pb2.Tenan
     )
 
 
+_WINDOWS = ("ttft", "e2e", "queue_wait")
+_WINDOW_PARTS = ("count", "p50_ms", "p90_ms", "p99_ms")
+
+
+def demand_messages_of(columns: common_pb2.TenantDemandColumns) -> list[common_pb2.TenantDemand]:
+    """The columns as one TenantDemand message a tenant (for a peer that reads no columns: a
+    hello goes before the control plane says it reads them); a column shorter than `tenant`
+    leaves the later tenants' field unset."""
+    plain = [
+        field.name
+        for field in columns.DESCRIPTOR.fields
+        if field.name != "tenant" and not field.name.startswith(_WINDOWS)
+    ]
+    messages = []
+    for i, tenant in enumerate(columns.tenant):
+        message = common_pb2.TenantDemand(tenant=tenant)
+        for name in plain:
+            values = getattr(columns, name)
+            if i < len(values):
+                setattr(message, name, values[i])
+        for window in _WINDOWS:
+            summary = getattr(message, window)
+            for part in _WINDOW_PARTS:
+                values = getattr(columns, f"{window}_{part}")
+                if i < len(values):
+                    setattr(summary, part, values[i])
+        messages.append(message)
+    return messages
+
+
 _Value = TypeVar("_Value", int, float)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slotshift.v1 import common_pb2
+from slotshift.wire import demand_messages_of
 
 
 async def wait_until(
@@ -64,26 +65,5 @@ TEST_TENANT_KEYS: dict[str, str] = {"key_digest_secret": TEST_KEY_DIGEST_SECRET}
 
 def tenant_figures(message: Any) -> list[common_pb2.TenantDemand]:
     """The tenants' figures a gateway message (hello, report or ack) carries, one TenantDemand
-    message each, in order: its `tenants`, then its `columns` (what gateways send)."""
-    figures = list(message.tenants)
-    columns = message.columns
-    windows = ("ttft", "e2e", "queue_wait")
-    plain = [
-        f.name
-        for f in columns.DESCRIPTOR.fields
-        if f.name != "tenant" and not f.name.startswith(windows)
-    ]
-    for i, name in enumerate(columns.tenant):
-        figure = common_pb2.TenantDemand(tenant=name)
-        for field in plain:
-            values = getattr(columns, field)
-            if i < len(values):
-                setattr(figure, field, values[i])
-        for window in windows:
-            summary = getattr(figure, window)
-            for part in ("count", "p50_ms", "p90_ms", "p99_ms"):
-                values = getattr(columns, f"{window}_{part}")
-                if i < len(values):
-                    setattr(summary, part, values[i])
-        figures.append(figure)
-    return figures
+    message each, in order: its `tenants`, then its `columns`."""
+    return list(message.tenants) + demand_messages_of(message.columns)

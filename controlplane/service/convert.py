@@ -193,6 +193,7 @@ def directory_to_proto(directory: TenantDirectory) -> gateway_pb2.TenantDirector
     return gateway_pb2.TenantDirectory(
         pool=directory.pool,
         config_version=directory.config_version,
+        reads_demand_columns=True,
         tenants=[
             gateway_pb2.TenantKeys(tenant=tenant, api_key_sha256=list(digests))
             for tenant, digests in directory.tenants.items()

@@ -84,7 +84,7 @@ class GatewayHello(_message.Message):
 
     @_builtins.property
     def columns(self) -> _common_pb2.TenantDemandColumns:
-        """`tenants` as columns (see DemandReport.columns)."""
+        """Unused in a hello (it comes before the control plane says it reads columns)."""
 
     def __init__(
         self,
@@ -147,8 +147,9 @@ class DemandReport(_message.Message):
 
     @_builtins.property
     def columns(self) -> _common_pb2.TenantDemandColumns:
-        """The same figures as `tenants`, as columns: what gateways send (the control plane reads both
-        fields, `tenants` first; a tenant in both counts with its figures here).
+        """The same figures as `tenants`, as columns: what gateways send to a control plane that reads
+        them (TenantDirectory.reads_demand_columns). The control plane reads both fields, `tenants`
+        first; a tenant in both counts with its figures here.
         """
 
     def __init__(
@@ -263,9 +264,16 @@ class TenantDirectory(_message.Message):
     POOL_FIELD_NUMBER: _builtins.int
     CONFIG_VERSION_FIELD_NUMBER: _builtins.int
     TENANTS_FIELD_NUMBER: _builtins.int
+    READS_DEMAND_COLUMNS_FIELD_NUMBER: _builtins.int
     pool: _builtins.str
     config_version: _builtins.int
     """The pool's config version the directory belongs to."""
+    reads_demand_columns: _builtins.bool
+    """Whether the control plane reads the gateways' figures as columns (TenantDemandColumns):
+    from this directory on, a gateway sends its reports and acknowledgements that way on this
+    stream; unset (a control plane from before the columns), as one TenantDemand a tenant. A
+    hello, sent before any directory, uses TenantDemand messages.
+    """
     @_builtins.property
     def tenants(self) -> _containers.RepeatedCompositeFieldContainer[Global___TenantKeys]: ...
     def __init__(
@@ -274,10 +282,11 @@ class TenantDirectory(_message.Message):
         pool: _builtins.str = ...,
         config_version: _builtins.int = ...,
         tenants: _abc.Iterable[Global___TenantKeys] | None = ...,
+        reads_demand_columns: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_version", b"config_version", "pool", b"pool", "tenants", b"tenants"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["config_version", b"config_version", "pool", b"pool", "reads_demand_columns", b"reads_demand_columns", "tenants", b"tenants"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

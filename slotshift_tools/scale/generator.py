@@ -32,6 +32,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -42,7 +43,7 @@ from slotshift.clock import Clock, SystemClock
 from slotshift.reconnect import STREAM_GONE
 from slotshift.stream_token import bearer_metadata, read_stream_token
 from slotshift.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from slotshift.wire import to_timestamp
+from slotshift.wire import demand_messages_of, to_timestamp
 from slotshift_tools.scale.budget import HeldLog
 from slotshift_tools.scale.dynamics import (
     DemandSettings,
@@ -155,6 +156,8 @@ class SimGateway:
         self._rows_sent: IntArray | None = None
         """The figures the control plane holds from this stream (see _rows); None: none yet."""
         self._whole_due_s = 0.0
+        self._columns = False
+        """Whether the control plane reads figures as columns (its directory said so)."""
 
     async def run(self) -> None:
         """Hello, then reports and acks until cancelled; returns when the stream ends."""
@@ -170,7 +173,7 @@ class SimGateway:
                         pool=self._spec.pool,
                         gateway_id=self.gateway_id,
                         applied_version=0,
-                        columns=self._figures(whole=True)[0],
+                        tenants=demand_messages_of(self._figures(whole=True)[0]),
                     )
                 )
                 await self._write(call, writes, hello)
@@ -180,6 +183,7 @@ class SimGateway:
                     if kind == "allocation":
                         await self._on_allocation(call, writes, message)
                     elif kind == "tenants":
+                        self._columns = message.tenants.reads_demand_columns
                         self._recorder.directories.append(
                             (self.index, self._clock.wall(), message.ByteSize())
                         )
@@ -223,8 +227,8 @@ class SimGateway:
                 pool=self._spec.pool,
                 gateway_id=self.gateway_id,
                 version=update.version,
-                columns=figures,
                 delta=delta,
+                **self._carried(figures),
             )
         )
         await self._write(call, writes, ack)
@@ -266,8 +270,8 @@ class SimGateway:
                 gateway_id=self.gateway_id,
                 applied_version=self.applied_version,
                 observed_at=observed_at,
-                columns=figures,
                 delta=delta,
+                **self._carried(figures),
             )
         )
 
@@ -377,6 +381,13 @@ class SimGateway:
             queue_wait_count=counts,
             **latency_fields,
         )
+
+    def _carried(self, figures: common_pb2.TenantDemandColumns) -> dict[str, Any]:
+        """The fields that carry `figures`, in the form the control plane reads (the real
+        gateway's _FiguresSent)."""
+        if self._columns:
+            return {"columns": figures}
+        return {"tenants": demand_messages_of(figures)}
 
     @staticmethod
     async def _write(

@@ -101,6 +101,29 @@ async def test_demand_reports_flow_with_usage_and_latencies(harness: Harness) ->
     slot.release()
 
 
+async def test_figures_go_as_columns_once_the_control_plane_says_it_reads_them(
+    harness: Harness,
+) -> None:
+    session = await harness.first_session()
+    await wait_until(lambda: bool(session.of_kind("demand")), message="a report")
+    assert not any(m.demand.HasField("columns") for m in session.of_kind("demand")), (
+        "a control plane that has not said it reads columns gets one message a tenant"
+    )
+    await session.context.write(
+        gateway_pb2.ControlMessage(
+            tenants=gateway_pb2.TenantDirectory(pool="p", reads_demand_columns=True)
+        )
+    )
+    await session.push(3, A=(4, 4), B=(4, 4))
+    await wait_until(lambda: bool(session.of_kind("ack")), message="the ack")
+    ack = session.of_kind("ack")[0].ack
+    assert ack.HasField("columns") and not ack.tenants
+    slot = await harness.state.tenants["A"].admission.acquire()
+    await wait_until(lambda: session.held()["A"].in_flight == 1, message="A's report")
+    assert all(not m.demand.tenants for m in session.of_kind("demand")[-1:])
+    slot.release()
+
+
 async def test_a_queue_that_starts_is_reported_at_once() -> None:
     fake = FakeControlPlane()
     server, port = await serve(fake)
@@ -241,12 +264,16 @@ def test_figures_name_only_what_changed_and_everything_once_per_interval() -> No
     clock = ManualClock()
     sent = _FiguresSent(clock, full_interval_s=5.0)
     a, b = TenantDemand("A", in_flight=1), TenantDemand("B", in_flight=2)
-    whole, delta = sent.next([a, b], whole=True)
-    assert not delta and list(whole.tenant) == ["A", "B"]
-    changed, delta = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
-    assert delta and list(zip(changed.tenant, changed.in_flight, strict=True)) == [("B", 3)]
-    nothing, delta = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
-    assert delta and not nothing.tenant
+    whole = sent.next([a, b], whole=True)
+    assert not whole.delta and [t.tenant for t in whole.tenants] == ["A", "B"]
+    assert whole.columns is None, "a control plane that has not said it reads columns"
+    sent.columns = True
+    changed = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
+    assert changed.delta and not changed.tenants and changed.columns is not None
+    assert list(zip(changed.columns.tenant, changed.columns.in_flight, strict=True)) == [("B", 3)]
+    nothing = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
+    assert nothing.delta and nothing.columns is not None and not nothing.columns.tenant
     clock.advance(5.0)
-    again, delta = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
-    assert not delta and list(again.tenant) == ["A", "B"], "whole once per interval"
+    again = sent.next([a, TenantDemand("B", in_flight=3)], whole=False)
+    assert not again.delta and again.columns is not None
+    assert list(again.columns.tenant) == ["A", "B"], "whole once per interval"

@@ -20,6 +20,7 @@ from slotshift.v1 import common_pb2, gateway_pb2
 from slotshift.wire import (
     demand_columns_from_proto,
     demand_columns_to_proto,
+    demand_messages_of,
     demand_to_proto,
     from_timestamp,
     to_timestamp,
@@ -147,3 +148,9 @@ def test_a_tenant_named_twice_counts_once_with_its_later_figures() -> None:
     read = demand_columns_from_proto(message)
     assert read.tenants == ("A", "B")
     assert read.counts[IN_FLIGHT].tolist() == [3, 5]
+
+
+def test_columns_turn_back_into_one_message_a_tenant_field_for_field() -> None:
+    """For a peer that reads no columns (a hello goes before the control plane says it does)."""
+    columns = demand_columns_to_proto(DEMANDS)
+    assert demand_messages_of(columns) == [demand_to_proto(d) for d in DEMANDS]
