@@ -154,6 +154,11 @@ class DecisionLog:
         """decision id -> wall-clock seconds when every gateway it changed had acknowledged it
         (PoolState.decision_published), for the decisions the log holds."""
 
+    @property
+    def capacity(self) -> int:
+        """The most decisions the log keeps."""
+        return self._capacity
+
     def enforced(self, decision_id: int, at_wall_s: float) -> None:
         """Decision `decision_id` is enforced everywhere it changed something since `at_wall_s`."""
         self._enforced[decision_id] = at_wall_s

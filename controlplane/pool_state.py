@@ -345,9 +345,9 @@ class PoolState:
         no tenant drains (the grants are the targets whatever the bounds); counters alone
         (admitted, tokens, latencies) change nothing unless they move the waste share across its
         cap; and the restart hold's end, a drained tenant's column leaving and a whole re-split
-        falling due are changes of their own. Skipping the rest keeps the
-        cost of a report proportional to what it changed (tests/unit/controlplane/
-        test_pool_state.py holds it to a re-grant after every message)."""
+        falling due are changes of their own. Skipping the rest keeps the cost of a report
+        proportional to what it changed (tests/unit/controlplane/test_pool_state.py holds it to
+        a re-grant after every message)."""
         if not (
             moved
             or self._regrant_due
@@ -575,6 +575,10 @@ class PoolState:
         published = self.reconcile(resplit=resplit)
         if published is not None:
             self._awaiting.append(_Awaited(decision_id, published.version, set(self._sent_to)))
+            # A gateway that never acknowledges (connected, but stuck) keeps its decisions
+            # waiting: no more of them than the log can show.
+            while len(self._awaiting) > self.decisions.capacity:
+                self._awaiting.popleft()
             self._note_enforced()
         return published is not None
 

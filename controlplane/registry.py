@@ -167,13 +167,13 @@ class GatewayRecord:
         counts, latencies = figures.counts[:, known], figures.latencies[:, known]
         self.observed_at_wall_s = observed_at_wall_s
         if delta:
+            # A tenant it holds no figures of has zeros in every row.
             before = self.counts[:, columns]
-            queued_before = np.where(self.held[columns], before[QUEUED], 0)
             self.counts[:, columns] = counts
             self.latencies[:, columns] = latencies
             self.held[columns] = True
             return Taken(
-                started=bool(((counts[QUEUED] > 0) & (queued_before == 0)).any()),
+                started=bool(((counts[QUEUED] > 0) & (before[QUEUED] == 0)).any()),
                 moved=bool(
                     (before[IN_FLIGHT] != counts[IN_FLIGHT]).any()
                     or (before[QUEUED] != counts[QUEUED]).any()
