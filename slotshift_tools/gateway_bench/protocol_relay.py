@@ -41,26 +41,6 @@ import httptools
 
 from slotshift_tools.gateway_bench.upstream import run_relay, serve_until_signalled
 
-_NOT_FORWARDED_UPSTREAM: Final = frozenset(
-    {
-        b"connection",
-        b"keep-alive",
-        b"proxy-authenticate",
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"te",
-        b"trailer",
-        b"trailers",
-        b"transfer-encoding",
-        b"upgrade",
-        b"expect",
-        b"host",
-        b"content-length",
-        b"authorization",
-    }
-)
-"""Client headers the upstream does not get (as the gateway's relay.NOT_FORWARDED_UPSTREAM): the
-hop-by-hop ones, the client's key; Host and Content-Length are written anew."""
 _NOT_FORWARDED_DOWNSTREAM: Final = frozenset(
     {
         b"connection",
@@ -74,8 +54,17 @@ _NOT_FORWARDED_DOWNSTREAM: Final = frozenset(
         b"upgrade",
     }
 )
-"""Upstream headers the client does not get. Transfer-Encoding and Content-Length stay: the body
-goes on as the upstream framed it."""
+"""Upstream headers the client does not get: the hop-by-hop ones. Transfer-Encoding and
+Content-Length stay: the body goes on as the upstream framed it."""
+_NOT_FORWARDED_UPSTREAM: Final = _NOT_FORWARDED_DOWNSTREAM | {
+    b"transfer-encoding",
+    b"expect",
+    b"host",
+    b"content-length",
+    b"authorization",
+}
+"""Client headers the upstream does not get (as the gateway's relay.NOT_FORWARDED_UPSTREAM): the
+hop-by-hop ones, the client's key; Host and Content-Length are written anew."""
 MAX_HEAD_BYTES: Final = 64 * 1024
 """An answer's head may not be longer (a request's is bounded by llhttp's own limits)."""
 
