@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -28,6 +29,47 @@ LATENCIES = 6
 """The rows of `DemandColumns.latencies`: milliseconds, as `LatencySummary`."""
 
 
+class _Window(Protocol):
+    """A latency window: a LatencySummary, or the wire's."""
+
+    @property
+    def count(self) -> int: ...
+    @property
+    def p50_ms(self) -> float: ...
+    @property
+    def p90_ms(self) -> float: ...
+    @property
+    def p99_ms(self) -> float: ...
+
+
+class TenantFigures(Protocol):
+    """One tenant's figures by TenantDemand's names: a TenantDemand, or the wire's message of
+    it (the same fields)."""
+
+    @property
+    def tenant(self) -> str: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def queued(self) -> int: ...
+    @property
+    def admitted_total(self) -> int: ...
+    @property
+    def completed_total(self) -> int: ...
+    @property
+    def rejected_total(self) -> int: ...
+    @property
+    def limit_slots(self) -> int: ...
+    @property
+    def output_tokens_total(self) -> int: ...
+    @property
+    def waste_tokens_total(self) -> int: ...
+    @property
+    def ttft(self) -> _Window: ...
+    @property
+    def e2e(self) -> _Window: ...
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class DemandColumns:
     """The figures of `tenants` (one column each, in that order) as one gateway saw them."""
@@ -42,8 +84,9 @@ class DemandColumns:
     the window has no samples."""
 
     @classmethod
-    def of(cls, demands: Iterable[TenantDemand]) -> DemandColumns:
-        """The columns of `demands` (a tenant named twice: the later figures)."""
+    def of(cls, demands: Iterable[TenantFigures]) -> DemandColumns:
+        """The columns of `demands` (a tenant named twice: the later figures), checked as a
+        peer's are."""
         by_tenant = {d.tenant: d for d in demands}
         counts = np.array(
             [

@@ -15,6 +15,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
+from numpy.typing import NDArray
 
 from slotshift.demand import LatencySummary, TenantDemand
 from slotshift.demand_columns import COUNTS, LATENCIES, DemandColumns
@@ -152,8 +153,8 @@ def demand_columns_from_proto(message: FiguresMessage) -> DemandColumns:
     columns = message.columns
     names = list(columns.tenant)
     size = len(names)
-    count_rows = np.zeros((COUNTS, size), dtype=np.int64)
-    latency_rows = np.zeros((LATENCIES, size), dtype=np.float64)
+    count_rows: NDArray[np.int64] = np.zeros((COUNTS, 0), dtype=np.int64)
+    latency_rows: NDArray[np.float64] = np.zeros((LATENCIES, 0), dtype=np.float64)
     if size:
         counts = (
             columns.in_flight,
@@ -178,7 +179,8 @@ def demand_columns_from_proto(message: FiguresMessage) -> DemandColumns:
         count_rows = np.array([_sized(field, size) for field in counts], dtype=np.int64)
         latency_rows = np.array([_sized(values, size) for values in latencies], dtype=np.float64)
     if message.tenants:
-        older = _tenants_as_columns(message.tenants)
+        # Figures sent as one TenantDemand message each (a gateway from before the columns).
+        older = DemandColumns.of(message.tenants)
         names = list(older.tenants) + names
         count_rows = np.concatenate((older.counts, count_rows), axis=1)
         latency_rows = np.concatenate((older.latencies, latency_rows), axis=1)
@@ -197,35 +199,3 @@ def _sized(field: Sequence[_Value], size: int) -> Sequence[_Value]:
         return field
     values = list(field)[:size]
     return values + [0] * (size - len(values))
-
-
-def _tenants_as_columns(messages: Sequence[common_pb2.TenantDemand]) -> DemandColumns:
-    """Figures sent as one TenantDemand message each (a gateway from before the columns)."""
-    names: list[str] = []
-    counts: list[tuple[int, ...]] = []
-    latencies: list[tuple[float, ...]] = []
-    for m in messages:
-        ttft, e2e = m.ttft, m.e2e
-        names.append(m.tenant)
-        counts.append(
-            (
-                m.in_flight,
-                m.queued,
-                m.admitted_total,
-                m.completed_total,
-                m.rejected_total,
-                m.limit_slots,
-                m.output_tokens_total,
-                m.waste_tokens_total,
-                ttft.count,
-                e2e.count,
-            )
-        )
-        latencies.append(
-            (ttft.p50_ms, ttft.p90_ms, ttft.p99_ms, e2e.p50_ms, e2e.p90_ms, e2e.p99_ms)
-        )
-    return DemandColumns(
-        tuple(names),
-        np.array(counts, dtype=np.int64).reshape(len(names), COUNTS).T,
-        np.array(latencies, dtype=np.float64).reshape(len(names), LATENCIES).T,
-    )
