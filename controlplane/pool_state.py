@@ -161,8 +161,6 @@ class PoolState:
         """Whether, at the last reconcile, some cell's grant was below its target."""
         self._regrant_due = False
         """Whether the next re-grant may give more than the last one with nothing moved."""
-        self._sent_to: frozenset[str] = frozenset()
-        """The gateways the last published version went to (those whose part changed)."""
         self._awaiting: deque[_Awaited] = deque()
         """Published decisions not yet acknowledged by every gateway they changed."""
         self._whole_split_due_s = -float("inf")
@@ -574,7 +572,9 @@ class PoolState:
         self._limits_trace_context = dict(trace_context or {})
         published = self.reconcile(resplit=resplit)
         if published is not None:
-            self._awaiting.append(_Awaited(decision_id, published.version, set(self._sent_to)))
+            # The gateways the version went to: those whose part it changed.
+            sent_to = {r.gateway_id for r in self.gateways if published.version in r.sent}
+            self._awaiting.append(_Awaited(decision_id, published.version, sent_to))
             # A gateway that never acknowledges (connected, but stuck) keeps its decisions
             # waiting: no more of them than the log can show.
             while len(self._awaiting) > self.decisions.capacity:
@@ -661,15 +661,12 @@ class PoolState:
             )
             changed = _changed_rows(previous, candidate_cells)
             by_id = dict(zip(ids, records, strict=True))
-            sent_to = []
             for row, gateway_id in enumerate(connected):
                 if force_publish or changed[row]:
                     record = by_id[gateway_id]
                     record.send(published.version, candidate_cells.limits[row], now)
                     record.delivery = delivery
                     record.session.mailbox.put(delivery)
-                    sent_to.append(gateway_id)
-            self._sent_to = frozenset(sent_to)
         # A removed tenant stops being counted once no gateway may hold any of it (its column
         # goes after this allocation, which still names it).
         drained = {name for name in self._draining if not bounds[:, self._index[name]].any()}
