@@ -152,7 +152,7 @@ class DecisionLog:
         self._next_id = first_id
         self._enforced: dict[int, float] = {}
         """decision id -> wall-clock seconds when every gateway it changed had acknowledged it
-        (PoolState.decision_published), for the decisions the log holds."""
+        (as PoolState saw the acknowledgements), for the decisions the log holds."""
 
     @property
     def capacity(self) -> int:
