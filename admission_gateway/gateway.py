@@ -203,6 +203,7 @@ class AdmissionGateway:
                 engine_ssl=engine_ssl[pool.name],
                 keepalive_timeout_s=self._settings.upstream_keepalive_timeout_s,
                 api_key=engine_keys[pool.name],
+                clock=self._clock,
             )
             self._engines.append(engine)
             endpoints.append(

@@ -45,7 +45,6 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry import trace
@@ -72,7 +71,13 @@ from admission_gateway.resume import (
     SseTooLong,
     UpstreamProtocolError,
 )
-from admission_gateway.upstream import EngineClient, EngineCredentialsRefused, PushedReads
+from admission_gateway.upstream import (
+    EngineClient,
+    EngineCredentialsRefused,
+    EngineError,
+    EngineResponse,
+    PushedReads,
+)
 from slotshift.aiotasks import in_own_task
 from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
@@ -164,7 +169,6 @@ class PreemptibleRelay:
     ) -> None:
         self._engine = engine
         self._engine_url = engine_url.rstrip("/")
-        self._timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
         self._timeout_s = upstream_timeout_s
         self._keepalive_s = paused_keepalive_interval_s
         self._tracer = tracer
@@ -187,13 +191,13 @@ class PreemptibleRelay:
                 self._engine_url + "/tokenize",
                 data=json.dumps(query).encode(),
                 headers={"Content-Type": "application/json", **_tracing_only(headers)},
-                client_timeout=self._timeout,
+                timeout_s=self._timeout_s,
             )
             async with response:
                 if response.status != 200:
                     return None
                 tokens = (await response.json())["tokens"]
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+        except (EngineError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             logger.debug("no token ids for a resumable prompt: %s", exc)
             return None
         if not tokens or not isinstance(tokens, list) or not all(type(t) is int for t in tokens):
@@ -383,12 +387,12 @@ class PreemptibleRelay:
                     url,
                     data=body,
                     headers=attempt_headers,
-                    client_timeout=self._timeout,
+                    timeout_s=self._timeout_s,
                 )
             except TimeoutError:
                 resumption.attempt_ended()
                 raise _Ended(upstream_timeout()) from None
-            except aiohttp.ClientError as exc:
+            except EngineError as exc:
                 resumption.attempt_ended()
                 # A refused key is this gateway's misconfiguration, the same at every replica.
                 lost = not isinstance(exc, EngineCredentialsRefused)
@@ -427,7 +431,7 @@ class PreemptibleRelay:
                             if handed_back is None:
                                 continue
                             chunk = handed_back
-                    except (aiohttp.ClientError, TimeoutError) as exc:
+                    except (EngineError, TimeoutError) as exc:
                         if slot.pause_requested:
                             break
                         logger.warning("engine stream failed: %s: %s", type(exc).__name__, exc)
@@ -484,14 +488,12 @@ class PreemptibleRelay:
             resumption.attempt_ended()
             raise _Ended(upstream_unavailable(), engine_lost=cut, client=client)
 
-    async def _refused(
-        self, upstream: aiohttp.ClientResponse, resumption: Resumption, slot: Slot
-    ) -> None:
+    async def _refused(self, upstream: EngineResponse, resumption: Resumption, slot: Slot) -> None:
         """Read the engine's answer that is not a stream, and end the request with it; return
         only when a pause cut the read (the attempt then ends as paused)."""
         try:
             content = await upstream.read()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (EngineError, TimeoutError) as exc:
             if slot.pause_requested:
                 return
             resumption.attempt_ended()
@@ -575,7 +577,7 @@ class PreemptibleRelay:
 
 def _push_reads(
     request: web.Request,
-    upstream: aiohttp.ClientResponse,
+    upstream: EngineResponse,
     resumption: Resumption,
     slot: Slot,
     client: web.StreamResponse | None,

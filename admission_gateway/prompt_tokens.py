@@ -15,9 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-import aiohttp
-
-from admission_gateway.upstream import EngineClient
+from admission_gateway.upstream import EngineClient, EngineError
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +26,7 @@ class PromptCounter:
     def __init__(self, *, engine: EngineClient, engine_url: str, timeout_s: float) -> None:
         self._engine = engine
         self._url = engine_url.rstrip("/") + "/tokenize"
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
 
     async def count(
         self, tokenizable: Mapping[str, Any], model: Any, headers: Mapping[str, str]
@@ -45,13 +43,13 @@ class PromptCounter:
                 self._url,
                 data=json.dumps(query).encode(),
                 headers={"Content-Type": "application/json", **headers},
-                client_timeout=self._timeout,
+                timeout_s=self._timeout_s,
             )
             async with response:
                 if response.status != 200:
                     raise ValueError(f"status {response.status}")
                 count = (await response.json())["count"]
-        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
+        except (EngineError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             logger.debug("the engine at %s did not count a prompt: %s", self._url, exc)
             return None
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:

@@ -28,7 +28,6 @@ import random
 import re
 from collections.abc import Mapping
 
-import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry import trace
@@ -43,7 +42,7 @@ from admission_gateway.errors import (
 )
 from admission_gateway.figures import RequestObservation
 from admission_gateway.resume import DONE_EVENT
-from admission_gateway.upstream import EngineClient, PushedReads
+from admission_gateway.upstream import EngineClient, EngineError, EngineResponse, PushedReads
 from slotshift.aiotasks import in_own_task
 from slotshift.request_log import Outcome
 from slotshift.trace_context import inject_into
@@ -88,7 +87,6 @@ class EngineRelay:
     ) -> None:
         self._engine = engine
         self._engine_url = engine_url.rstrip("/")
-        self._upstream_timeout = aiohttp.ClientTimeout(total=upstream_timeout_s)
         self._upstream_timeout_s = upstream_timeout_s
         self._retry_after = dict(retry_after)
         self._tracer = tracer
@@ -146,11 +144,11 @@ class EngineRelay:
                 url,
                 data=body,
                 headers=headers,
-                client_timeout=self._upstream_timeout,
+                timeout_s=self._upstream_timeout_s,
             )
         except TimeoutError:
             raise upstream_timeout() from None
-        except aiohttp.ClientError as exc:
+        except EngineError as exc:
             raise upstream_failed(exc) from None
         record_status(span, upstream.status, None, client=True)
         try:
@@ -163,7 +161,7 @@ class EngineRelay:
                 content = await upstream.read()
             except TimeoutError:
                 raise upstream_timeout() from None
-            except aiohttp.ClientError as exc:
+            except EngineError as exc:
                 raise upstream_failed(exc) from None
             if observed is not None:
                 observed.answered(upstream.status, content)
@@ -189,7 +187,7 @@ class EngineRelay:
     async def _relay_stream(
         self,
         request: web.Request,
-        upstream: aiohttp.ClientResponse,
+        upstream: EngineResponse,
         rid: str,
         observed: RequestObservation | None,
         deadline_s: float,
@@ -213,7 +211,7 @@ class EngineRelay:
                 except TimeoutError:
                     upstream.close()
                     return await _end_stream(response, upstream_timeout(), observed)
-                except aiohttp.ClientError as exc:
+                except EngineError as exc:
                     upstream.close()
                     return await _end_stream(response, upstream_failed(exc), observed)
                 # The engine's [DONE] and its end of body mostly come in one read: the client
@@ -255,7 +253,7 @@ class EngineRelay:
 def _push_events(
     request: web.Request,
     response: web.StreamResponse,
-    upstream: aiohttp.ClientResponse,
+    upstream: EngineResponse,
     observed: RequestObservation | None,
 ) -> PushedReads | None:
     """`upstream`'s events written to `response`'s client from its connection's reads."""

@@ -1,115 +1,287 @@
-"""The gateway's connections to the engine: one pooled session, a send that survives the
-keep-alive race, and the engine's own credentials on every call.
+"""The gateway's connections to the engine: HTTP/1.1 on asyncio protocols with llhttp as the
+parser (httptools, in C, as uvicorn parses), a pool of keep-alive connections, a send that
+survives the keep-alive race, and the engine's own credentials on every call.
+
+Why not aiohttp's client: a relayed request spent about a third of the gateway's CPU in it
+(its session, request and response objects, connector, timers and stream reader), and a
+relayed event paid its stream reader on every read. Here a request is one write of bytes
+built once, its answer's head is parsed in C, and a streamed answer's reads go to the relay
+from the connection's read callback (`PushedReads`) without a task being woken.
 
 `EngineClient.send` is the one way a gateway calls its engine (relayed requests, /v1/models,
-the preemptible relay's /tokenize): it sets `Authorization` itself, to the engine's API key
-(pools[].engine_api_key_file; vLLM's --api-key) or to nothing, so that whatever the caller
-passes (and a client's own key above all) can never reach the engine. An engine's 401 is
-therefore the gateway's misconfiguration, raised as EngineCredentialsRefused (the client gets a
-502 and the log says which setting to fix), never relayed as if the client's key were wrong.
+the preemptible relay's /tokenize, the engine's prompt counts): it sets `Authorization` itself,
+to the engine's API key (pools[].engine_api_key_file; vLLM's --api-key) or to nothing, so that
+whatever the caller passes (and a client's own key above all) can never reach the engine. An
+engine's 401 is therefore the gateway's misconfiguration, raised as EngineCredentialsRefused
+(the client gets a 502 and the log says which setting to fix), never relayed as if the client's
+key were wrong. Only what the caller passes goes to the engine (no User-Agent, no
+Accept-Encoding, no cookies): bodies pass through as the engine encoded them.
 
 An HTTP server may close a keep-alive connection that has been idle for a while (vLLM's uvicorn
 after `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, 5 s). If the gateway picks that connection from its pool
-while the server's close is still on its way, the request meets a closed socket: a reset on
-write or a disconnect before any byte of a response. The engine never read it, so failing it
-would fail a request for nothing. Two defences:
+while the server's close is still on its way, the request meets a closed socket: a reset, or a
+close before any byte of a response. The engine never read it, so failing it would fail a
+request for nothing. Two defences:
 
-- the pool forgets idle connections sooner than the engine closes them
+- the pool never hands out a connection idle longer than `keepalive_timeout_s`
   (`gateway.upstream_keepalive_timeout_s`), which closes the race in the common case (a gateway
-  whose loop is busy relaying streams releases a connection late, so the margin can vanish);
+  whose loop is busy relaying streams sees the engine's close late, so the margin can vanish);
 - `send` sends again, once and on a connection of its own (never another pooled one: when one
   pooled connection was stale, the others of its age are too), a request whose *reused* pooled
-  connection failed that way. Nothing else is retried (RFC 9112, 9.3.1: a request that may
-  have been processed is not repeated): not a request that got any part of a response, not one
-  on a fresh connection (the engine may have read it before it fell over), not a timeout. An
-  engine that reads a request and then drops its reused connection without a byte of answer
-  looks the same as a stale connection, so such a request reaches it twice; the first copy is
-  aborted there, its connection being gone.
+  connection ended before any byte of a response. Nothing else is retried (RFC 9112, 9.3.1: a
+  request that may have been processed is not repeated): not a request that got any part of a
+  response, not one on a fresh connection (the engine may have read it before it fell over), not
+  a timeout. An engine that reads a request and then drops its reused connection without a byte
+  of answer looks the same as a stale connection, so such a request reaches it twice; the first
+  copy is aborted there, its connection being gone.
 
-Which connection a request got is told by the pool's connector itself (`_PoolConnector`): a
-connection it has handed out before is a reused one. (aiohttp's tracing signals tell it too,
-but any trace config makes aiohttp build and fire every signal of every request: 8% of a
-relayed request's instructions.)
+What it does not do: HEAD (a HEAD answer's framing differs; the gateway sends none), request
+bodies other than bytes, 1xx answers other than skipping them, HTTP/1.0 engines' keep-alive, and
+decompression (none is asked for).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import ssl
-import weakref
 from collections.abc import Callable, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Final, cast
+from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp.client_proto import ResponseHandler
-from aiohttp.connector import Connection
-from aiohttp.tracing import Trace
-from multidict import CIMultiDict
+import httptools
+import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import SecretStr
 
 from admission_gateway.chunked import ChunkedFraming
+from slotshift.clock import Clock, SystemClock
 from slotshift.config import reveal
 
 logger = logging.getLogger(__name__)
 
+READ_HIGH_WATER_BYTES: Final = 1 << 17
+"""A connection stops reading once this much of its answer's body waits to be read (and reads
+again once it has been): an engine that outruns its reader is held back by TCP, not buffered."""
 
-class EngineCredentialsRefused(aiohttp.ClientError):
+_NOT_SENT: Final = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+"""Request headers a caller may pass that `send` writes itself (or, for the framing ones, that
+must not contradict what it writes); Authorization is the engine key's (see the docstring)."""
+
+
+class EngineError(Exception):
+    """The engine could not be asked, or did not answer as HTTP: callers fail the request as
+    they fail an unreachable engine (502)."""
+
+
+class EngineUnreachable(EngineError):
+    """No connection to the engine could be made."""
+
+
+class EngineDisconnected(EngineError):
+    """The connection ended before the answer was whole."""
+
+    def __init__(self, message: str, *, answer_began: bool) -> None:
+        super().__init__(message)
+        self.answer_began = answer_began
+        """Whether any byte of an answer had arrived (then the engine read the request)."""
+
+
+class EngineProtocolError(EngineError):
+    """The engine's answer is not HTTP/1.1 this client reads."""
+
+
+class EngineCredentialsRefused(EngineError):
     """The engine answered 401: it requires an API key and the gateway sent none, or not one
     it takes. Callers fail the request as they fail an unreachable engine (502)."""
 
 
-@dataclass
-class _Attempt:
-    """What one `session.request` call did, filled in by the pool's connector (`_PoolConnector`)."""
+@dataclass(frozen=True, slots=True)
+class _Target:
+    """Where a URL's requests go."""
 
-    reused: list[bool] = field(default_factory=list)
-    """One entry per connection the call took, True where it came from the pool. aiohttp itself
-    retries an idempotent method once, on a second connection (which may be pooled too)."""
-
-
-_SENDING: ContextVar[_Attempt | None] = ContextVar("slotshift_engine_attempt", default=None)
-"""The `send` in progress in this task, which its connector tells which connections it took
-(a context variable: aiohttp gives the connector the request, not the caller's context)."""
+    key: tuple[str, str, int]
+    """The pool's key: scheme, host, port."""
+    host_header: str
+    path: str
+    """The request target: path and query."""
 
 
-class _EngineProtocol(ResponseHandler):
-    """aiohttp's response protocol, less the work its stream reader asks of it after every read
-    of a streamed answer: the reader calls `resume_reading` whenever its buffer runs low, paused
-    or not, and each call feeds the HTTP parser an empty read and asks the transport to resume.
-    With nothing paused there is nothing to resume (the parser holds no data back unless
-    `pause_reading` paused it), and one relayed event costs about 3,500 instructions less."""
+class EngineBody:
+    """An answer's body as it arrives, for one reader: `readany` waits for what comes next."""
+
+    __slots__ = ("_chunks", "_connection", "_deadline", "_eof", "_exception", "_size", "_waiter")
+
+    def __init__(self, connection: _EngineConnection, deadline_s: float) -> None:
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._eof = False
+        self._exception: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._connection = connection
+        self._deadline = deadline_s
+
+    # What the connection gives it.
+
+    def feed(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        if self._size > READ_HIGH_WATER_BYTES:
+            self._connection.pause_reading()
+        self._wake()
+
+    def feed_eof(self) -> None:
+        self._eof = True
+        self._wake()
+
+    def set_exception(self, exc: BaseException) -> None:
+        self._exception = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # What its reader asks.
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    def is_eof(self) -> bool:
+        """Whether the body has ended (what it had may still wait to be read)."""
+        return self._eof
+
+    def at_eof(self) -> bool:
+        """Whether the body has ended and all of it has been read."""
+        return self._eof and not self._chunks
+
+    def read_nowait(self) -> bytes:
+        """What has arrived and not been read (b"" for nothing)."""
+        chunks = self._chunks
+        if not chunks:
+            return b""
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self._chunks = []
+        self._size = 0
+        self._connection.resume_reading()
+        return data
+
+    async def readany(self) -> bytes:
+        """What has arrived and not been read, waited for; b"" once the body has ended. Raises
+        EngineDisconnected when the connection ended first, TimeoutError past the request's
+        deadline."""
+        while not self._chunks:
+            if self._exception is not None:
+                raise self._exception
+            if self._eof:
+                return b""
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            async with asyncio.timeout_at(self._deadline):
+                await waiter
+        return self.read_nowait()
+
+
+class EngineResponse:
+    """An answer of the engine whose status and headers have arrived. Read its body (`read`,
+    `content.readany`, or `PushedReads`), then `release` it (its connection goes back to the
+    pool when the answer was whole) or `close` it (the engine sees the connection end: an
+    unfinished request is aborted there)."""
+
+    __slots__ = ("_connection", "content", "content_type", "headers", "reason", "status")
+
+    def __init__(
+        self,
+        connection: _EngineConnection,
+        status: int,
+        reason: str,
+        headers: CIMultiDictProxy[str],
+        deadline_s: float,
+    ) -> None:
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+        content_type = headers.get("Content-Type", "")
+        self.content_type = content_type.partition(";")[0].strip().lower()
+        """The media type (no parameters, lower case), "" when there is none."""
+        self.content = EngineBody(connection, deadline_s)
+        self._connection = connection
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        parts = []
+        while data := await self.content.readany():
+            parts.append(data)
+        return b"".join(parts)
+
+    async def json(self) -> Any:
+        """The whole body as JSON (ValueError when it is not)."""
+        return orjson.loads(await self.read())
+
+    def release(self) -> None:
+        """Done with the answer: its connection goes back to the pool if the answer was whole
+        and the engine keeps the connection open, else it is closed."""
+        self._connection.finished(self)
+
+    def close(self) -> None:
+        """Close the connection now, whatever remains of the answer (nothing once released:
+        the connection may carry another answer by then)."""
+        connection = self._connection
+        if connection._response is self:
+            connection.close()
+
+    async def __aenter__(self) -> EngineResponse:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+class _EngineConnection(asyncio.Protocol):
+    """One connection to the engine: one request at a time, its answer parsed by llhttp."""
 
     on_read: Callable[[], None] | None = None
-    """Called after each read has been parsed (the response's payload fed) and once the
-    connection is lost; set by `PushedReads`."""
+    """Called after each read has been parsed (its body fed) and once the connection is lost;
+    set by `PushedReads`."""
     take_framed: Callable[[bytes], bool] | None = None
-    """Offered each read that is whole chunks of the response's body between two chunks
+    """Offered each read that is whole chunks of the answer's body between two chunks
     (chunked.py), before the parser: True when it took the read, which the parser then never
-    sees (it stays between the same two chunks, and a `sock_read` timeout, which the gateway
-    never sets, would not be re-armed by it); set by `PushedReads`."""
+    sees (it stays between the same two chunks); set by `PushedReads`."""
     on_framed_error: Callable[[Exception], None] | None = None
     """Given what `take_framed` raised (the read counts as taken); set by `PushedReads`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(loop=loop)
+    def __init__(self, pool: _Pool, key: tuple[str, str, int]) -> None:
+        self._pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
         self.framing = ChunkedFraming()
-        """Where the current response stands in its chunked framing (`take_framed`)."""
+        """Where the current answer stands in its chunked framing (`take_framed`)."""
+        self.idle_since_s = 0.0
+        self._head: asyncio.Future[EngineResponse] | None = None
+        self._deadline_s = 0.0
+        self._response: EngineResponse | None = None
+        self._reason = b""
+        self._headers: list[tuple[str, str]] = []
+        self._received = False
+        self._informational = False
+        self._until_close = False
+        self._complete = False
+        self._keep_alive = False
+        self._reading_paused = False
+        self.lost = False
 
-    def set_response_params(self, **params: Any) -> None:
-        # aiohttp makes the response's parser here, before its first byte is read.
-        self.framing.reset()
-        super().set_response_params(**params)
+    # asyncio.Protocol
 
-    def resume_reading(self, resume_parser: bool = True) -> None:
-        if self._reading_paused or self._buffer_paused:
-            super().resume_reading(resume_parser)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        self._received = True
         framing = self.framing
         if framing.following and framing.whole_chunks(data):
             take_framed = self.take_framed
@@ -125,20 +297,197 @@ class _EngineProtocol(ResponseHandler):
                         raise
                     on_error(exc)
                     return
-        super().data_received(data)
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(EngineProtocolError(f"the engine's answer is not HTTP/1.1: {exc}"))
+            self.close()
         on_read = self.on_read
         if on_read is not None:
             on_read()
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        super().connection_lost(exc)
+    def eof_received(self) -> bool | None:
+        return None  # close the transport: connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = True
+        self.transport = None
+        self._pool.forget(self)
+        response = self._response
+        if response is not None and not self._complete and self._until_close and exc is None:
+            # An answer without framing of its own ends with its connection.
+            self._complete = True
+            response.content.feed_eof()
+        elif not self._complete:
+            reason = f" ({exc})" if exc is not None else ""
+            self._fail(
+                EngineDisconnected(
+                    "the engine closed the connection before its answer was whole" + reason,
+                    answer_began=self._received,
+                )
+            )
         on_read = self.on_read
         if on_read is not None:
             on_read()
+
+    # llhttp's callbacks (httptools calls only those a protocol has)
+
+    def on_status(self, status: bytes) -> None:
+        self._reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._headers.append(
+            (name.decode("latin-1"), value.decode("utf-8", errors="surrogateescape"))
+        )
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        status = parser.get_status_code()
+        if status < 200:
+            # 100 Continue and the like: the final answer follows.
+            self._informational = True
+            self._reason, self._headers = b"", []
+            return
+        headers = CIMultiDictProxy(CIMultiDict(self._headers))
+        self._keep_alive = parser.should_keep_alive()
+        self._until_close = (
+            "Content-Length" not in headers
+            and "Transfer-Encoding" not in headers
+            and status not in (204, 304)
+        )
+        if self._until_close:
+            self._keep_alive = False
+        self._response = response = EngineResponse(
+            self, status, self._reason.decode("latin-1"), headers, self._deadline_s
+        )
+        head = self._head
+        self._head = None
+        if head is not None and not head.done():
+            head.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        response = self._response
+        if response is not None:
+            response.content.feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._informational:
+            self._informational = False
+            return
+        self._complete = True
+        response = self._response
+        if response is not None:
+            response.content.feed_eof()
+
+    # the client's own
+
+    def send(self, request: bytes, deadline_s: float) -> asyncio.Future[EngineResponse]:
+        """Write `request` (its head and body); the future is the answer once its head has
+        been parsed."""
+        transport = self.transport
+        head = asyncio.get_running_loop().create_future()
+        if transport is None or transport.is_closing():
+            head.set_exception(
+                EngineDisconnected("the connection was closed before sending", answer_began=False)
+            )
+            return head
+        self._head = head
+        self._deadline_s = deadline_s
+        self._response = None
+        self._reason = b""
+        self._headers = []
+        self._received = False
+        self._informational = False
+        self._until_close = False
+        self._complete = False
+        self._keep_alive = False
+        self.framing.reset()
+        transport.write(request)
+        return head
+
+    def finished(self, response: EngineResponse) -> None:
+        """`response` is done with: back to the pool if it was whole and the connection may
+        carry another, else closed."""
+        if response is not self._response:
+            return
+        self._response = None
+        self.on_read = self.take_framed = self.on_framed_error = None
+        self.resume_reading()
+        if self._complete and self._keep_alive and not self.lost:
+            self._pool.give_back(self)
+        else:
+            self.close()
+
+    def pause_reading(self) -> None:
+        transport = self.transport
+        if transport is not None and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        transport = self.transport
+        if transport is not None and self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def close(self) -> None:
+        transport = self.transport
+        if transport is not None:
+            transport.close()
+
+    def _fail(self, exc: EngineError) -> None:
+        head = self._head
+        self._head = None
+        if head is not None and not head.done():
+            head.set_exception(exc)
+        response = self._response
+        if response is not None and response.content.exception() is None:
+            response.content.set_exception(exc)
+
+
+class _Pool:
+    """Idle keep-alive connections by where they go, newest last; the connections in use."""
+
+    def __init__(self, clock: Clock, keepalive_timeout_s: float) -> None:
+        self._clock = clock
+        self._keepalive_timeout_s = keepalive_timeout_s
+        self._idle: dict[tuple[str, str, int], list[_EngineConnection]] = {}
+        self.open: set[_EngineConnection] = set()
+
+    def take(self, key: tuple[str, str, int]) -> _EngineConnection | None:
+        """The most recently used idle connection to `key` that may still be used; those idle
+        for longer than the keep-alive timeout are closed."""
+        idle = self._idle.get(key)
+        if not idle:
+            return None
+        oldest_s = self._clock.monotonic() - self._keepalive_timeout_s
+        while idle:
+            connection = idle.pop()
+            transport = connection.transport
+            fresh = connection.idle_since_s >= oldest_s
+            if fresh and transport is not None and not transport.is_closing():
+                return connection
+            connection.close()
+        return None
+
+    def give_back(self, connection: _EngineConnection) -> None:
+        connection.idle_since_s = self._clock.monotonic()
+        self._idle.setdefault(connection.key, []).append(connection)
+
+    def forget(self, connection: _EngineConnection) -> None:
+        self.open.discard(connection)
+        idle = self._idle.get(connection.key)
+        if idle and connection in idle:
+            idle.remove(connection)
+
+    def close(self) -> None:
+        for connection in list(self.open):
+            connection.close()
+        self._idle.clear()
 
 
 class PushedReads:
-    """A response's reads given to `take` from within the event loop's read callback of its
+    """An answer's reads given to `take` from within the event loop's read callback of its
     engine connection, after each read has been parsed: a relay that writes what it takes to
     its client at once costs no wake-up of its task, no future and no coroutine resumed a
     read, the most of a relayed event's own CPU. The task waits on `handed_back` meanwhile,
@@ -158,64 +507,61 @@ class PushedReads:
 
     def __init__(
         self,
-        response: aiohttp.ClientResponse,
+        response: EngineResponse,
         take: Callable[[bytes], bool],
         done: Callable[[], bool] | None,
     ) -> None:
         self._content = response.content
         self._take = take
         self._done = done
-        self._protocol: _EngineProtocol | None = None
+        self._connection: _EngineConnection | None = None
         self._taking = False
-        self._again = False
         self.handed_back: asyncio.Future[bytes | None] = asyncio.get_running_loop().create_future()
         """The bytes the task is to relay next (b"": the body ended), or None: nothing; read."""
 
     @classmethod
     def start(
         cls,
-        response: aiohttp.ClientResponse,
+        response: EngineResponse,
         take: Callable[[bytes], bool],
         done: Callable[[], bool] | None = None,
         *,
         take_framed: Callable[[bytes], bool] | None = None,
     ) -> PushedReads | None:
-        """Push `response`'s reads from now on (what is buffered first); None when it is not on
-        an engine connection of this module's (the caller reads as usual)."""
-        connection = response.connection
-        protocol = connection.protocol if connection is not None else None
-        if not isinstance(protocol, _EngineProtocol) or protocol.on_read is not None:
+        """Push `response`'s reads from now on (what is buffered first); None when its reads
+        are pushed already (the caller reads as usual)."""
+        connection = response._connection
+        if connection.on_read is not None or connection._response is not response:
             return None
         pushed = cls(response, take, done)
-        pushed._protocol = protocol
-        protocol.on_read = pushed._after_read
+        pushed._connection = connection
+        connection.on_read = pushed._after_read
         pushed._after_read()
         if take_framed is None:
-            # Nobody will take a read of this response as it is framed: following its framing
+            # Nobody will take a read of this answer as it is framed: following its framing
             # would cost every read for nothing.
-            protocol.framing.stop()
-        elif pushed._protocol is not None:
+            connection.framing.stop()
+        elif pushed._connection is not None:
             # Only once what the parser buffered is taken: a framed read goes out at once.
-            protocol.take_framed = take_framed
-            protocol.on_framed_error = pushed._failed
+            connection.take_framed = take_framed
+            connection.on_framed_error = pushed._failed
         return pushed
 
     async def wait(self, deadline_s: float) -> bytes | None:
         """What is handed back (`handed_back`), waited for until `deadline_s` (the loop's
-        clock; TimeoutError after it): aiohttp applies a request's timeout only to the reads
-        it is asked for."""
+        clock; TimeoutError after it)."""
         async with asyncio.timeout_at(deadline_s):
             return await self.handed_back
 
     def stop(self) -> None:
         """No more pushing (call it on every way out: the connection may go back to the pool)."""
-        protocol = self._protocol
-        if protocol is not None:
-            self._protocol = None
-            if protocol.on_read == self._after_read:
-                protocol.on_read = None
-                protocol.take_framed = None
-                protocol.on_framed_error = None
+        connection = self._connection
+        if connection is not None:
+            self._connection = None
+            if connection.on_read == self._after_read:
+                connection.on_read = None
+                connection.take_framed = None
+                connection.on_framed_error = None
 
     def hand_back(self, chunk: bytes | None) -> None:
         """Stop, and wake the task with `chunk` (None: nothing to relay)."""
@@ -224,31 +570,19 @@ class PushedReads:
             self.handed_back.set_result(chunk)
 
     def _after_read(self) -> None:
-        if self._protocol is None:
-            return
-        if self._taking:
-            # Called again from within: taking the bytes can resume a paused connection, and
-            # aiohttp then parses what it held back at once. The outer call takes that too.
-            self._again = True
+        if self._connection is None or self._taking:
             return
         self._taking = True
         content = self._content
         try:
-            # One pass a read (a loop, not a call: this runs for every relayed event).
-            self._again = True
-            while self._again and self._protocol is not None:
-                self._again = False
-                if content.exception() is not None:
-                    self.hand_back(None)
-                    return
-                # What is buffered now: taking it may resume the connection and buffer more.
-                chunk = content.read_nowait(-1)
-                if content.at_eof() or (chunk and not self._take(chunk)):
-                    self.hand_back(chunk)
-                elif self._done is not None and self._done():
-                    self.hand_back(None)
-                elif content.is_eof():
-                    self._again = True
+            if content.exception() is not None:
+                self.hand_back(None)
+                return
+            chunk = content.read_nowait()
+            if content.is_eof() or (chunk and not self._take(chunk)):
+                self.hand_back(chunk)
+            elif self._done is not None and self._done():
+                self.hand_back(None)
         except Exception as exc:
             # Raised again in the task: raised here, the loop would close the connection.
             self._failed(exc)
@@ -262,52 +596,13 @@ class PushedReads:
             self.handed_back.set_exception(exc)
 
 
-def _engine_protocol(loop: asyncio.AbstractEventLoop) -> ResponseHandler:
-    return _EngineProtocol(loop=loop)
-
-
-class _EngineConnector(aiohttp.TCPConnector):
-    """A TCPConnector whose connections speak `_EngineProtocol`."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        # aiohttp builds every connection's protocol with this factory (aiohttp is pinned:
-        # requirements/constraints.txt; a test checks that the engine's connections use it).
-        self._factory = functools.partial(_engine_protocol, loop=self._loop)
-
-
-class _PoolConnector(_EngineConnector):
-    """A connector that notes, in the `_Attempt` of the `send` in progress, whether each
-    connection it hands out is one it handed out before (a reused pooled connection)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._handed_out: weakref.WeakSet[ResponseHandler] = weakref.WeakSet()
-
-    async def connect(
-        self,
-        req: aiohttp.ClientRequest,
-        traces: list[Trace],
-        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature, passed by name)
-    ) -> Connection:
-        connection = await super().connect(req, traces, timeout)
-        protocol = connection.protocol
-        if protocol is not None:
-            attempt = _SENDING.get()
-            if attempt is not None:
-                attempt.reused.append(protocol in self._handed_out)
-            self._handed_out.add(protocol)
-        return connection
-
-
 class EngineClient:
     """The gateway's HTTP client towards the engine: a pool of keep-alive connections whose idle
-    ones are dropped after `keepalive_timeout_s` (keep it below the engine's own keep-alive
-    timeout), with the tracing that `send` reads, and a session that opens a connection per
-    request for `send`'s one retry. `engine_ssl`: how to check an https engine (True: the
-    system's roots). `api_key`: the engine's API key, sent as `Authorization: Bearer KEY` on
-    every call (None: no Authorization at all). Close it with `close` (or use it as an async
-    context manager)."""
+    ones are not used after `keepalive_timeout_s` (keep it below the engine's own keep-alive
+    timeout), and `send`'s one retry on a connection of its own. `engine_ssl`: how to check an
+    https engine (True: the system's roots; False: not at all). `api_key`: the engine's API key,
+    sent as `Authorization: Bearer KEY` on every call (None: no Authorization at all). `clock`
+    dates idle connections. Close it with `close` (or use it as an async context manager)."""
 
     def __init__(
         self,
@@ -315,23 +610,24 @@ class EngineClient:
         engine_ssl: ssl.SSLContext | bool,
         keepalive_timeout_s: float,
         api_key: SecretStr | None = None,
+        clock: Clock | None = None,
     ) -> None:
         if keepalive_timeout_s <= 0:
             raise ValueError(f"keepalive_timeout_s must be positive, not {keepalive_timeout_s}")
-        self._pooled = _session(
-            # The admission limits are the concurrency limit; aiohttp's default cap of 100
-            # connections would silently queue requests the gateway has already admitted.
-            _PoolConnector(limit=0, ssl=engine_ssl, keepalive_timeout=keepalive_timeout_s)
-        )
-        self._fresh = _session(_EngineConnector(limit=0, ssl=engine_ssl, force_close=True))
+        self._pool = _Pool(clock if clock is not None else SystemClock(), keepalive_timeout_s)
+        self._engine_ssl = engine_ssl
+        self._ssl_context: ssl.SSLContext | None = None
+        self._targets: dict[str, _Target] = {}
         self.on_unreachable: Callable[[], None] | None = None
         """Called whenever `send` finds the engine unreachable (no connection could be made),
         so that routing passes its pool over for a while (admission_gateway/routing.py)."""
-        self._api_key = api_key
+        self._authorization = (
+            b"" if api_key is None else b"Authorization: Bearer %s\r\n" % reveal(api_key).encode()
+        )
+        self._has_key = api_key is not None
 
     async def close(self) -> None:
-        await self._pooled.close()
-        await self._fresh.close()
+        self._pool.close()
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -346,112 +642,149 @@ class EngineClient:
         *,
         data: bytes | None,
         headers: Mapping[str, str],
-        client_timeout: aiohttp.ClientTimeout,
-    ) -> aiohttp.ClientResponse:
+        timeout_s: float,
+    ) -> EngineResponse:
         """`method url` on a pooled connection, sent again once, on a new connection, when it
-        went out on a reused pooled connection that failed on write or closed before any byte
-        of a response (the engine never received it). `headers` go as they are, but for
-        Authorization: any there is dropped, and the engine's API key set in its place when
-        there is one. Returns the response once its status and headers have arrived; the caller
-        reads, releases or closes it. Raises what `session.request` raises: TimeoutError on a
-        timeout (never retried), aiohttp.ClientError on any other failure, of the retry where
-        there was one; and EngineCredentialsRefused (an aiohttp.ClientError) when the engine
-        answers 401."""
-        sent = self._with_credentials(headers)
-        try:
-            response = await self._send(method, url, data, sent, client_timeout)
-        except aiohttp.ClientConnectorError:
-            if self.on_unreachable is not None:
-                self.on_unreachable()
-            raise
+        went out on a reused pooled connection that ended before any byte of an answer (the
+        engine never received it). `headers` go as they are, but for Authorization (the
+        engine's API key instead, when there is one) and the ones `send` writes itself (Host,
+        Content-Length; Transfer-Encoding and Connection are dropped). Returns the answer once
+        its status and headers have arrived; the caller reads it and releases or closes it.
+        `timeout_s` bounds the whole exchange, the body's reads included. Raises TimeoutError
+        past it (never retried), EngineUnreachable when no connection could be made,
+        EngineDisconnected or EngineProtocolError for a connection that failed (of the retry
+        where there was one), EngineCredentialsRefused when the engine answers 401."""
+        target = self._target(url)
+        request = self._request(method, target, headers, data)
+        deadline_s = asyncio.get_running_loop().time() + timeout_s
+        async with asyncio.timeout_at(deadline_s):
+            response = await self._exchange(target, request, deadline_s, method, url)
         if response.status == HTTPStatus.UNAUTHORIZED:
             # No client credential ever reaches the engine, so its 401 is about the gateway's
             # own key: a misconfiguration the client can do nothing about, not its answer.
-            response.release()
+            response.close()
             raise EngineCredentialsRefused(
                 f"the engine refused {method} {url}: "
                 + (
                     "the gateway's API key is not one it takes (pools[].engine_api_key_file)"
-                    if self._api_key is not None
+                    if self._has_key
                     else "it requires an API key (set pools[].engine_api_key_file)"
                 )
             )
         return response
 
-    def _with_credentials(self, headers: Mapping[str, str]) -> CIMultiDict[str]:
-        """`headers` with the engine's Authorization instead of any the caller put there."""
-        sent = CIMultiDict(headers)
-        sent.popall("Authorization", None)
-        if self._api_key is not None:
-            sent["Authorization"] = f"Bearer {reveal(self._api_key)}"
-        return sent
+    async def _exchange(
+        self, target: _Target, request: bytes, deadline_s: float, method: str, url: str
+    ) -> EngineResponse:
+        pooled = self._pool.take(target.key)
+        if pooled is not None:
+            try:
+                return await self._answer(pooled, request, deadline_s)
+            except EngineDisconnected as exc:
+                if exc.answer_began:
+                    raise
+                logger.info(
+                    "retrying %s %s on a new connection: its pooled connection to the engine was"
+                    " closed before any answer (%s)",
+                    method,
+                    url,
+                    exc,
+                )
+        return await self._answer(await self._connect(target), request, deadline_s)
 
-    async def _send(
-        self,
-        method: str,
-        url: str,
-        data: bytes | None,
-        headers: Mapping[str, str],
-        client_timeout: aiohttp.ClientTimeout,
-    ) -> aiohttp.ClientResponse:
-        first = _Attempt()
-        sending = _SENDING.set(first)
+    async def _answer(
+        self, connection: _EngineConnection, request: bytes, deadline_s: float
+    ) -> EngineResponse:
+        head = connection.send(request, deadline_s)
         try:
-            return await self._pooled.request(
-                method, url, data=data, headers=headers, timeout=client_timeout
+            return await head
+        except BaseException:
+            # A timeout or a cancelled caller: the connection's end is how the engine learns
+            # that nobody waits for the answer any more.
+            connection.close()
+            raise
+
+    async def _connect(self, target: _Target) -> _EngineConnection:
+        scheme, host, port = target.key
+        pool = self._pool
+        try:
+            _, connection = await asyncio.get_running_loop().create_connection(
+                lambda: _EngineConnection(pool, target.key),
+                host,
+                port,
+                ssl=self._ssl() if scheme == "https" else None,
             )
-        except aiohttp.ClientError as exc:
-            if not _never_received(exc, first):
-                raise
-            logger.info(
-                "retrying %s %s on a new connection: its pooled connection to the engine was"
-                " closed before any response (%r)",
-                method,
-                url,
-                exc,
+        except OSError as exc:
+            if self.on_unreachable is not None:
+                self.on_unreachable()
+            raise EngineUnreachable(
+                f"cannot connect to the engine at {host}:{port}: {exc}"
+            ) from exc
+        pool.open.add(connection)
+        return connection
+
+    def _ssl(self) -> ssl.SSLContext:
+        context = self._ssl_context
+        if context is None:
+            engine_ssl = self._engine_ssl
+            if isinstance(engine_ssl, ssl.SSLContext):
+                context = engine_ssl
+            else:
+                context = ssl.create_default_context()
+                if not engine_ssl:
+                    context.check_hostname = False
+                    context.verify_mode = ssl.CERT_NONE
+            self._ssl_context = context
+        return context
+
+    def _target(self, url: str) -> _Target:
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"not an http(s) URL: {url!r}")
+            default = 443 if parts.scheme == "https" else 80
+            port = parts.port or default
+            host = parts.hostname
+            shown = f"[{host}]" if ":" in host else host
+            target = _Target(
+                key=(parts.scheme, host, port),
+                host_header=shown if port == default else f"{shown}:{port}",
+                path=(parts.path or "/") + (f"?{parts.query}" if parts.query else ""),
             )
-        finally:
-            _SENDING.reset(sending)
-        return await self._fresh.request(
-            method, url, data=data, headers=headers, timeout=client_timeout
+            # The gateway calls a handful of URLs (its engines' routes): kept for good.
+            if len(self._targets) < 64:
+                self._targets[url] = target
+        return target
+
+    def _request(
+        self, method: str, target: _Target, headers: Mapping[str, str], data: bytes | None
+    ) -> bytes:
+        if method == "HEAD":
+            raise ValueError("HEAD is not sent to the engine")
+        lines = [f"{method} {target.path} HTTP/1.1\r\nHost: {target.host_header}\r\n"]
+        for name, value in headers.items():
+            lowered = name.lower()
+            if lowered in _NOT_SENT or lowered == "authorization":
+                continue
+            lines.append(f"{name}: {value}\r\n")
+        text = "".join(lines)
+        # A line break or NUL inside a name or value would let a caller's header write
+        # another header (or request) of its own.
+        # (The first line holds two line ends: the request line's and Host's.)
+        breaks = len(lines) + 1
+        if text.count("\n") != breaks or text.count("\r") != breaks or "\0" in text:
+            raise ValueError("a request header holds a line break or NUL")
+        body = b"" if data is None else data
+        length = (
+            b"Content-Length: %d\r\n" % len(body) if data is not None or method != "GET" else b""
         )
-
-
-def _session(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(
-        connector=connector,
-        # Bodies pass through as the engine encoded them, and only the client's own headers
-        # (not aiohttp's defaults) reach the engine.
-        auto_decompress=False,
-        skip_auto_headers=("Accept-Encoding", "User-Agent"),
-        # A proxy keeps no cookies: one the engine (or a balancer in front of it) set in an
-        # answer to one tenant would otherwise go with every later tenant's request.
-        cookie_jar=aiohttp.DummyCookieJar(),
-    )
-
-
-_BODY_NOT_WRITTEN = "Can not write request body"
-"""What aiohttp's ClientOSError says when the request body could not be sent
-(aiohttp/client_reqrep.py, write_bytes)."""
-
-
-def _never_received(exc: aiohttp.ClientError, attempt: _Attempt) -> bool:
-    """Whether `exc` shows a stale pooled connection: the engine did not get the request."""
-    if isinstance(exc, TimeoutError):
-        # The engine may be working on it.
-        return False
-    if isinstance(exc, aiohttp.ClientOSError) and _BODY_NOT_WRITTEN in str(exc):
-        # Whatever the connection: an engine that did not get the whole body cannot run it.
-        return True
-    if not attempt.reused or not all(attempt.reused):
-        # A fresh connection: the engine may have read the request before it failed.
-        return False
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        # aiohttp puts the response message it had parsed (status line, headers) in place of
-        # the text when a response had begun.
-        return isinstance(exc.message, str)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        # Never raised for a pooled connection; listed so that a change in aiohttp fails safe.
-        return False
-    # A reset on write or read, or a write to a transport that was already closing.
-    return isinstance(exc, aiohttp.ClientOSError | aiohttp.ClientConnectionResetError)
+        return b"".join(
+            (
+                text.encode("utf-8", errors="surrogateescape"),
+                self._authorization,
+                length,
+                b"\r\n",
+                body,
+            )
+        )

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import aiohttp
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -423,7 +422,7 @@ def test_a_pooled_connection_vllm_closed_is_sent_again_and_vllm_runs_it_once(
                     url,
                     data=body.encode(),
                     headers={"Content-Type": "application/json"},
-                    client_timeout=aiohttp.ClientTimeout(total=60),
+                    timeout_s=60,
                 )
                 statuses.append(response.status)
                 await response.read()

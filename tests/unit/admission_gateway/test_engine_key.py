@@ -28,7 +28,7 @@ from tests.unit.admission_gateway.fake_engine import FakeEngine
 ENGINE_KEY = "sk-engine-only-the-gateways-hold-4d1e"
 CHAT = {"model": "fake", "user": "A", "messages": [{"role": "user", "content": "Hi"}]}
 COMPLETION = {"model": "fake", "user": "A", "prompt": "Hi"}
-TIMEOUT = aiohttp.ClientTimeout(total=10)
+TIMEOUT_S = 10.0
 TRACEPARENT = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
 
 StartKeyed = Callable[[str, Path], Awaitable[AdmissionGateway]]
@@ -140,7 +140,7 @@ async def test_send_replaces_whatever_authorization_the_caller_passes(
             engine.url + "/v1/completions",
             data=json.dumps(COMPLETION).encode(),
             headers=headers,
-            client_timeout=TIMEOUT,
+            timeout_s=TIMEOUT_S,
         )
         assert response.status == 200
         response.release()
@@ -200,7 +200,7 @@ async def test_send_says_an_engine_requires_a_key_when_none_was_set(refusing_eng
                 refusing_engine + "/v1/models",
                 data=None,
                 headers={},
-                client_timeout=TIMEOUT,
+                timeout_s=TIMEOUT_S,
             )
 
 

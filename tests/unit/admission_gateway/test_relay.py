@@ -262,10 +262,10 @@ async def test_a_client_that_stops_reading_stops_the_engine_and_then_gets_every_
     await writer.drain()
     # The gateway's one engine connection in use, and its one client connection.
     (engine_client,) = gateway._engines
-    acquired = engine_client._pooled.connector._acquired  # type: ignore[union-attr]
+    connections = engine_client._pool.open
     try:
         await wait_until(
-            lambda: any(protocol._reading_paused for protocol in acquired),
+            lambda: any(connection._reading_paused for connection in connections),
             timeout_s=30,
             message="the gateway's engine connection paused",
         )

@@ -23,14 +23,16 @@ import pytest
 import pytest_asyncio
 from pydantic import SecretStr, ValidationError
 
-from admission_gateway.upstream import EngineClient, PushedReads, _Attempt, _never_received
+from admission_gateway.gateway import AdmissionGateway
+from admission_gateway.upstream import EngineClient, EngineResponse, PushedReads
+from slotshift.clock import ManualClock
 from slotshift.config import GatewayConfig
 from tests.support import wait_until
-from tests.unit.admission_gateway.conftest import StartGateway, auth
+from tests.unit.admission_gateway.conftest import StartGateway, auth, make_config
 
 COMPLETION = {"model": "fake", "user": "A", "prompt": "Hi"}
 ANSWER = json.dumps({"id": "cmpl-1", "object": "text_completion", "choices": []}).encode()
-TIMEOUT = aiohttp.ClientTimeout(total=10)
+TIMEOUT_S = 10.0
 
 Then = Literal["fin", "rst", "idle_close", "status_line", "headers", "stream_headers", "hang"]
 """What the server does to a request beyond `answered_per_connection` on a connection:
@@ -268,16 +270,6 @@ async def test_a_request_that_timed_out_is_never_sent_again(
     assert (prompts(engine), engine.connections) == (["first", "second"], 1)
 
 
-class FakeMonotonic:
-    """aiohttp's connector dates its idle connections with time.monotonic; this stands in."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.mark.parametrize(
     ("settings", "keepalive_s"),
     [
@@ -287,23 +279,25 @@ class FakeMonotonic:
 )
 async def test_idle_pooled_connections_are_dropped_after_the_configured_time(
     start_engine: Callable[..., Any],
-    start_gateway: StartGateway,
     http: aiohttp.ClientSession,
-    monkeypatch: pytest.MonkeyPatch,
     settings: dict[str, Any],
     keepalive_s: float,
 ) -> None:
-    clock = FakeMonotonic()
-    monkeypatch.setattr("aiohttp.connector.monotonic", clock)
+    # The gateway's clock dates its idle engine connections.
+    clock = ManualClock()
     engine = await start_engine(answered_per_connection=100)
-    gateway = await start_gateway(engine_url=engine.url, **settings)
-    assert (await complete(http, gateway.url, "1"))[0] == 200
-    clock.now += keepalive_s - 0.1
-    assert (await complete(http, gateway.url, "2"))[0] == 200
-    assert engine.connections == 1
-    clock.now += keepalive_s + 0.1
-    assert (await complete(http, gateway.url, "3"))[0] == 200
-    assert engine.connections == 2
+    gateway = AdmissionGateway(make_config(engine.url, **settings), gateway_id="gw", clock=clock)
+    await gateway.start()
+    try:
+        assert (await complete(http, gateway.url, "1"))[0] == 200
+        clock.advance(keepalive_s - 0.1)
+        assert (await complete(http, gateway.url, "2"))[0] == 200
+        assert engine.connections == 1
+        clock.advance(keepalive_s + 0.1)
+        assert (await complete(http, gateway.url, "3"))[0] == 200
+        assert engine.connections == 2
+    finally:
+        await gateway.stop()
 
 
 @pytest.mark.parametrize("value", [0, -1.0])
@@ -327,7 +321,7 @@ async def test_a_connection_the_engine_closed_while_idle_is_retried_on_a_new_one
                     engine.url,
                     data=json.dumps({"prompt": prompt}).encode(),
                     headers={},
-                    client_timeout=TIMEOUT,
+                    timeout_s=TIMEOUT_S,
                 )
                 assert (response.status, await response.read()) == (200, ANSWER)
                 response.release()
@@ -345,7 +339,7 @@ async def _pool_two_connections(client: EngineClient, engine: Engine) -> None:
             engine.url,
             data=json.dumps({"prompt": prompt}).encode(),
             headers={"Content-Type": "application/json"},
-            client_timeout=TIMEOUT,
+            timeout_s=TIMEOUT_S,
         )
         await response.read()
         response.release()
@@ -359,8 +353,8 @@ async def test_when_every_pooled_connection_is_stale_the_retry_goes_out_on_a_new
     start_engine: Callable[..., Any], method: str
 ) -> None:
     # A stale connection's siblings of its age are stale too: a retry on the next pooled one
-    # would fail as well. GET: aiohttp retries an idempotent request once by itself, on the
-    # second pooled connection; send's own retry comes after it.
+    # would fail as well, so the retry opens a connection of its own (GET as POST: nothing is
+    # retried on a pooled connection).
     engine = await start_engine(answer_together=2, then="fin")
     async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
         await _pool_two_connections(client, engine)
@@ -369,11 +363,11 @@ async def test_when_every_pooled_connection_is_stale_the_retry_goes_out_on_a_new
             engine.url,
             data=b'{"prompt": "c"}',
             headers={},
-            client_timeout=TIMEOUT,
+            timeout_s=TIMEOUT_S,
         )
         assert (response.status, await response.read()) == (200, ANSWER)
         response.release()
-    # Both pooled connections were tried (the engine read nothing on them), then a third.
+    # The newest pooled connection was tried (the engine read nothing on it), then a third.
     assert (prompts(engine), engine.connections) == (["a", "b", "c"], 3)
 
 
@@ -389,7 +383,7 @@ async def test_the_retry_on_a_new_connection_carries_the_engines_key_too(
             engine.url,
             data=b'{"prompt": "c"}',
             headers={"Authorization": "Bearer client-key"},
-            client_timeout=TIMEOUT,
+            timeout_s=TIMEOUT_S,
         )
         assert response.status == 200
         response.release()
@@ -406,41 +400,31 @@ def test_the_engine_client_refuses_a_keepalive_that_is_not_positive() -> None:
 async def test_a_read_timeout_on_a_pooled_connection_is_never_retried(
     start_engine: Callable[..., Any],
 ) -> None:
-    # aiohttp raises its sock_read timeout as a ClientError (SocketTimeoutError), unlike the
-    # total timeout; the engine may be working on the request all the same.
+    # The engine may be working on the request: a timeout is never a reason to send it again.
     engine = await start_engine(then="hang")
     async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
         response = await client.send(
-            "POST", engine.url, data=b'{"prompt": "a"}', headers={}, client_timeout=TIMEOUT
+            "POST", engine.url, data=b'{"prompt": "a"}', headers={}, timeout_s=TIMEOUT_S
         )
         await response.read()
         response.release()
-        with pytest.raises(aiohttp.SocketTimeoutError):
+        with pytest.raises(TimeoutError):
             await client.send(
                 "POST",
                 engine.url,
                 data=b'{"prompt": "b"}',
                 headers={},
                 # The wait for the timeout is the condition under test; it is short.
-                client_timeout=aiohttp.ClientTimeout(total=10, sock_read=0.2),
+                timeout_s=0.2,
             )
     assert (prompts(engine), engine.connections) == (["a", "b"], 1)
-
-
-def test_a_body_that_could_not_be_written_is_never_received_on_any_connection() -> None:
-    """An engine that did not get the whole body cannot have run the request, so that failure is
-    retried even on a fresh connection (where a reset after the body was sent is not)."""
-    fresh = _Attempt(reused=[False])
-    unwritten = aiohttp.ClientOSError(None, "Can not write request body for http://engine/v1")
-    assert _never_received(unwritten, fresh)
-    assert not _never_received(aiohttp.ClientOSError(104, "Connection reset by peer"), fresh)
 
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 @asynccontextmanager
-async def streamed_from(serve: Serve) -> AsyncIterator[aiohttp.ClientResponse]:
+async def streamed_from(serve: Serve) -> AsyncIterator[EngineResponse]:
     """A GET through an EngineClient to a raw server that answers with `serve`: the response
     once its headers are in, released afterwards."""
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
@@ -448,7 +432,7 @@ async def streamed_from(serve: Serve) -> AsyncIterator[aiohttp.ClientResponse]:
     try:
         async with EngineClient(engine_ssl=True, keepalive_timeout_s=60) as client:
             response = await client.send(
-                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, client_timeout=TIMEOUT
+                "GET", f"http://127.0.0.1:{port}/", data=None, headers={}, timeout_s=TIMEOUT_S
             )
             yield response
             response.release()
@@ -458,9 +442,8 @@ async def streamed_from(serve: Serve) -> AsyncIterator[aiohttp.ClientResponse]:
 
 
 async def test_a_stream_read_slower_than_it_comes_pauses_and_resumes_its_connection() -> None:
-    # The engine's connections skip aiohttp's resume call after every read unless something is
-    # paused (upstream._EngineProtocol): a stream that outruns its reader must still pause its
-    # transport at the high-water mark and resume it as the reader catches up, to the last byte.
+    # A stream that outruns its reader pauses its transport at the high-water mark and resumes
+    # it as the reader catches up, to the last byte.
     chunk = b"data: " + b"x" * 1000 + b"\n\n"
     count = 4000
     written = asyncio.Event()
@@ -479,11 +462,10 @@ async def test_a_stream_read_slower_than_it_comes_pauses_and_resumes_its_connect
         writer.close()
 
     async with streamed_from(serve) as response:
-        protocol = response.connection.protocol if response.connection else None
-        assert protocol is not None and type(protocol).__name__ == "_EngineProtocol"
+        connection = response._connection
         first = await response.content.readany()
         await written.wait()
-        await wait_until(lambda: protocol._reading_paused, message="the transport paused")
+        await wait_until(lambda: connection._reading_paused, message="the transport paused")
         received = len(first)
         while data := await response.content.readany():
             received += len(data)
@@ -532,7 +514,7 @@ async def test_pushed_reads_are_taken_one_read_at_a_time_and_the_end_is_handed_b
 
 async def test_pushed_reads_started_on_a_paused_connection_keep_every_byte_in_order() -> None:
     # More than the reader's high-water mark buffered before the pushing starts: taking it
-    # resumes the connection, and aiohttp parses what it held back from within that call.
+    # resumes the connection, and what comes after goes to `take` read by read.
     events = [b"data: %d %b\n\n" % (i, b"x" * 100) for i in range(12_000)]
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -548,9 +530,8 @@ async def test_pushed_reads_started_on_a_paused_connection_keep_every_byte_in_or
         return True
 
     async with streamed_from(serve) as response:
-        protocol = response.connection.protocol if response.connection else None
-        assert protocol is not None
-        await wait_until(lambda: protocol._reading_paused, message="the reader paused")
+        connection = response._connection
+        await wait_until(lambda: connection._reading_paused, message="the reader paused")
         pushed = PushedReads.start(response, take)
         assert pushed is not None
         last = await asyncio.wait_for(pushed.handed_back, timeout=10)
