@@ -601,8 +601,13 @@ class PoolState:
         tenants = self.tenants
         ids = self.gateways.ids
         records = list(self.gateways)
-        live = np.array([r.connected for r in records], dtype=bool)
-        connected = tuple(g for g, r in zip(ids, records, strict=True) if r.connected)
+        # Every gateway connected (all but always): the rows are taken whole, as views rather
+        # than copies picked out by a mask.
+        live: slice | NDArray[np.bool_] = slice(None)
+        connected = ids
+        if not all(r.connected for r in records):
+            live = np.array([r.connected for r in records], dtype=bool)
+            connected = tuple(g for g, r in zip(ids, records, strict=True) if r.connected)
         in_flight = _rows([r.in_flight for r in records], len(tenants))
         demand = in_flight + _rows([r.queued for r in records], len(tenants))
         acked = _rows([r.acked for r in records], len(tenants))
@@ -621,8 +626,10 @@ class PoolState:
             self._whole_split_due_s = now + self.pool.decision_period_s
         else:
             live_targets = self._moved_parts(limits, live_demand, previous)
-        targets = np.zeros_like(bounds)
-        targets[live] = live_targets
+        targets = live_targets
+        if connected is not ids:
+            targets = np.zeros_like(bounds)
+            targets[live] = live_targets
         granted = _granted(previous, ids, tenants)
         # The restart hold caps what may be granted, not the targets the gateways are told.
         granting = targets
@@ -630,7 +637,8 @@ class PoolState:
         if self._held:
             granting = np.minimum(targets, acked)
         grants = placement.grant(self.pool.budget_slots, granting, granted, bounds)
-        self._short = bool((grants < targets).any())
+        below = grants < targets
+        self._short = bool(below.any())
         # A grant the last allocation made that no bound holds (a reconnected gateway's row)
         # counts as held in this pass and no longer in the next: the next may grant more.
         self._regrant_due = self._short and bool((granted > np.maximum(bounds, grants)).any())
@@ -640,17 +648,26 @@ class PoolState:
             connected, tenants, targets[live], grants[live], pauses, pool_limits=limits
         )
         self._lending = limits <= self._row_of(self._nominal)
-        short = (grants < targets) & (demand > in_flight) & self._lending
+        short = below & (demand > in_flight) & self._lending
         self._lender_short = bool(short[live].any())
         self._over_budget = int(bounds.sum()) > self.pool.budget_slots
-        candidate = dataclasses.replace(current, cells=candidate_cells)
+        # The rows whose cells changed; with the same gateways and tenants, none changed and
+        # the same pool-wide limits is the same allocation (Allocation.same_limits: the tenant
+        # limits are the current ones), so one pass answers both.
+        changed = _changed_rows(previous, candidate_cells)
+        same = (
+            same_cells
+            and not changed.any()
+            and np.array_equal(previous.pool_limits, candidate_cells.pool_limits)
+        )
         published: Allocation | None = None
-        if candidate.same_limits(current) and not force_publish:
-            self.allocation = candidate
-        else:
+        if force_publish or not same:
             self._version += 1
             published = dataclasses.replace(
-                candidate, version=self._version, created_at_wall_s=self._clock.wall()
+                current,
+                cells=candidate_cells,
+                version=self._version,
+                created_at_wall_s=self._clock.wall(),
             )
             self.allocation = published
             now = self._clock.monotonic()
@@ -659,7 +676,6 @@ class PoolState:
                 cause=dict(trace_context) if trace_context else self._limits_trace_context,
                 decision=self._limits_trace_context,
             )
-            changed = _changed_rows(previous, candidate_cells)
             by_id = dict(zip(ids, records, strict=True))
             for row, gateway_id in enumerate(connected):
                 if force_publish or changed[row]:
@@ -785,6 +801,14 @@ def _changed_rows(before: CellLimits, after: CellLimits) -> NDArray[np.bool_]:
     """For each gateway of `after`, whether anything of its row differs from `before` (a
     gateway new there, or new tenants, count as changed): only those gateways get the new
     version, so a re-grant on one gateway costs the others nothing."""
+    if before.tenants == after.tenants and before.gateway_ids == after.gateway_ids:
+        # The same rows (all but always): compared in place.
+        moved: NDArray[np.bool_] = (
+            (before.targets != after.targets)
+            | (before.limits != after.limits)
+            | (before.pauses != after.pauses)
+        ).any(axis=1)
+        return moved
     changed = np.ones(len(after.gateway_ids), dtype=bool)
     if before.tenants != after.tenants:
         return changed

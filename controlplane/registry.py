@@ -161,10 +161,15 @@ class GatewayRecord:
         an old message (dropping it would freeze the gateway's demand until its clock caught
         up). Costs about the number of tenants named (a whole report: the pool's tenants)."""
         get = index.get
-        named = np.array([get(t, -1) for t in figures.tenants], dtype=np.intp)
-        known = named >= 0
-        columns = named[known]
-        counts, latencies = figures.counts[:, known], figures.latencies[:, known]
+        named = [get(t, -1) for t in figures.tenants]
+        counts, latencies = figures.counts, figures.latencies
+        if -1 in named:
+            known = np.array(named, dtype=np.intp) >= 0
+            columns = np.array(named, dtype=np.intp)[known]
+            counts, latencies = counts[:, known], latencies[:, known]
+        else:
+            # Every tenant named is the pool's (all but always): no copy of the figures.
+            columns = np.array(named, dtype=np.intp)
         self.observed_at_wall_s = observed_at_wall_s
         if delta:
             # A tenant it holds no figures of has zeros in every row.
@@ -172,14 +177,13 @@ class GatewayRecord:
             self.counts[:, columns] = counts
             self.latencies[:, columns] = latencies
             self.held[columns] = True
+            change = counts - before
             return Taken(
                 started=bool(((counts[QUEUED] > 0) & (before[QUEUED] == 0)).any()),
-                moved=bool(
-                    (before[IN_FLIGHT] != counts[IN_FLIGHT]).any()
-                    or (before[QUEUED] != counts[QUEUED]).any()
-                ),
+                # In flight and queued are the first two rows: what placement reads.
+                moved=bool(change[IN_FLIGHT : QUEUED + 1].any()),
                 columns=columns,
-                change=counts - before,
+                change=change,
             )
         before = self.counts.copy()
         queued_before = before[QUEUED]

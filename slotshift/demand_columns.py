@@ -130,8 +130,12 @@ class DemandColumns:
         count reads as 0, and a window without samples has percentiles of 0."""
         counts = np.maximum(counts, 0)
         latencies = np.array(latencies, dtype=np.float64)
-        latencies[TTFT_P50 : TTFT_P99 + 1, counts[TTFT_COUNT] == 0] = 0.0
-        latencies[E2E_P50 : E2E_P99 + 1, counts[E2E_COUNT] == 0] = 0.0
+        # Masked writes only where a window is empty: on every report and acknowledgement, and
+        # most windows hold samples.
+        if not counts[TTFT_COUNT].all():
+            latencies[TTFT_P50 : TTFT_P99 + 1, counts[TTFT_COUNT] == 0] = 0.0
+        if not counts[E2E_COUNT].all():
+            latencies[E2E_P50 : E2E_P99 + 1, counts[E2E_COUNT] == 0] = 0.0
         return cls(tenants, counts, latencies)
 
     def __len__(self) -> int:

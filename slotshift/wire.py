@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from itertools import chain
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -176,8 +177,8 @@ def demand_columns_from_proto(message: FiguresMessage) -> DemandColumns:
             columns.e2e_p90_ms,
             columns.e2e_p99_ms,
         )
-        count_rows = np.array([_sized(field, size) for field in counts], dtype=np.int64)
-        latency_rows = np.array([_sized(values, size) for values in latencies], dtype=np.float64)
+        count_rows = _rows(counts, size, np.int64)
+        latency_rows = _rows(latencies, size, np.float64)
     if message.tenants:
         # Figures sent as one TenantDemand message each (a gateway from before the columns).
         older = DemandColumns.of(message.tenants)
@@ -192,10 +193,27 @@ def demand_columns_from_proto(message: FiguresMessage) -> DemandColumns:
     return DemandColumns.checked(tuple(names), count_rows, latency_rows)
 
 
+_FEW_TENANTS = 64
+"""Up to this many tenants a message's columns are read in one pass over their values; more
+are converted a field at a time (NumPy reads a long field faster, but costs more per call)."""
+
+
+def _rows(fields: Sequence[Sequence[_Value]], size: int, dtype: type[np.generic]) -> NDArray[Any]:
+    """A peer's columns as one row each of `size` values (`_sized`). Most reports and
+    acknowledgements name a few tenants: for them one pass over every value costs about half
+    what a NumPy conversion per field does."""
+    if size > _FEW_TENANTS:
+        return np.array([_sized(field, size) for field in fields], dtype=dtype)
+    values = chain.from_iterable(_sized(field, size) for field in fields)
+    return np.fromiter(values, dtype=dtype, count=len(fields) * size).reshape(len(fields), size)
+
+
 def _sized(field: Sequence[_Value], size: int) -> Sequence[_Value]:
     """A peer's column as `size` values: itself, or cut, or with zeros for the tenants it
     misses (an empty one: a figure the peer does not send)."""
     if len(field) == size:
         return field
+    if not field:
+        return [0] * size
     values = list(field)[:size]
     return values + [0] * (size - len(values))

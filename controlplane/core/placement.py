@@ -79,15 +79,23 @@ def split_targets(limits: Counts, demand: Counts) -> Counts:
     wanted = demand.sum(axis=0)
     headroom = limits - wanted
     covered = headroom >= 0
+    if covered.all():
+        # Every demand covered (a re-grant's lenders, mostly): no column to pick out.
+        return _demand_and_even(headroom, demand)
     if covered.any():
-        spare = headroom[covered]
-        even = np.repeat((spare // gateways)[np.newaxis, :], gateways, axis=0)
-        extra = np.arange(gateways)[:, np.newaxis] < (spare % gateways)[np.newaxis, :]
-        targets[:, covered] = demand[:, covered] + even + extra
+        targets[:, covered] = _demand_and_even(headroom[covered], demand[:, covered])
     over = np.flatnonzero(~covered)
-    if over.size:
-        targets[:, over] = _demand_split(limits[over], demand[:, over])
+    targets[:, over] = _demand_split(limits[over], demand[:, over])
     return targets
+
+
+def _demand_and_even(spare: Counts, demand: Counts) -> Counts:
+    """Per column, the demand at each gateway and an even part of `spare` (the first gateways
+    one more while it does not divide evenly)."""
+    gateways = demand.shape[0]
+    extra = np.arange(gateways)[:, np.newaxis] < (spare % gateways)[np.newaxis, :]
+    parts: Counts = demand + (spare // gateways)[np.newaxis, :] + extra
+    return parts
 
 
 def _demand_split(limits: Counts, demand: Counts) -> Counts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from controlplane.registry import GatewayRegistry, TenantDirectory
 from slotshift.clock import ManualClock
@@ -67,6 +68,25 @@ def test_taking_figures_says_whether_requests_moved_or_started_to_queue() -> Non
     assert not taken.moved and not taken.started
     taken = record.take_figures(DemandColumns.of([TenantDemand("B", queued=1)]), None, index)
     assert taken.moved, "a whole report without A: A's requests are gone"
+
+
+@pytest.mark.parametrize("delta", [False, True], ids=["whole", "delta"])
+def test_figures_of_a_tenant_the_pool_does_not_know_are_dropped(delta: bool) -> None:
+    registry = _registry(ManualClock())
+    record, _ = registry.connect("gw", 2, 0, DIRECTORY)
+    figures = DemandColumns.of(
+        [
+            TenantDemand("B", in_flight=3, queued=1),
+            TenantDemand("gone", in_flight=7),
+            TenantDemand("A", in_flight=2),
+        ]
+    )
+    taken = record.take_figures(figures, None, {"A": 0, "B": 1}, delta=delta)
+    assert record.in_flight.tolist() == [2, 3]
+    assert record.queued.tolist() == [0, 1]
+    assert record.held.tolist() == [True, True]
+    assert taken.moved and taken.started
+    assert dict(zip(taken.columns.tolist(), taken.change[0].tolist(), strict=True)) == {0: 2, 1: 3}
 
 
 def test_a_disconnected_gateway_counts_until_its_lease_runs_out() -> None:
