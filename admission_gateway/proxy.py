@@ -60,6 +60,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry import trace
+from opentelemetry.context import Context
 
 from admission_gateway.admission import AdmissionClosed, QueueFull, QueueTimeout, Slot
 from admission_gateway.auth import AuthenticationError, Authenticator
@@ -311,7 +312,7 @@ class OpenAIProxy:
         """Run `handler` in the request's server span, and record how the request ended."""
         with self._tracer.start_as_current_span(
             f"{request.method} {path}",
-            context=parent_from(request.headers),
+            context=_client_context(request.headers),
             kind=trace.SpanKind.SERVER,
             attributes={
                 "http.request.method": request.method,
@@ -512,19 +513,20 @@ class OpenAIProxy:
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self._max_body_bytes
-        too_large = OpenAIError(
-            413,
-            f"Request body is larger than {limit} bytes.",
-            error_type="invalid_request_error",
-            code="request_too_large",
-        )
-        if request.content_length is not None and request.content_length > limit:
-            raise too_large
+        length = request.content_length
+        if length is not None:
+            if length > limit:
+                raise _too_large(limit)
+            # What a Content-Length announces, read at once (the parser holds no more).
+            try:
+                return await request.content.readexactly(length)
+            except asyncio.IncompleteReadError as exc:
+                return exc.partial  # a body cut short is refused as any body that is not JSON
         body = bytearray()
         async for chunk in request.content.iter_any():
             body += chunk
             if len(body) > limit:
-                raise too_large
+                raise _too_large(limit)
         return bytes(body)
 
     async def _admit(
@@ -541,6 +543,9 @@ class OpenAIProxy:
         request's span says whether and under which allocation it was admitted, and links to
         that allocation's decision."""
         admission = tenant.admission
+        # A request whose span records nothing (tracing off, or not sampled: its children are
+        # not either) builds none of its attributes.
+        recording = span.is_recording()
         with self._tracer.start_as_current_span(
             "queue wait",
             attributes={
@@ -548,7 +553,9 @@ class OpenAIProxy:
                 "slotshift.tenant.limit_slots": admission.limit_slots,
                 "slotshift.tenant.in_flight": admission.in_flight,
                 "slotshift.tenant.queued": admission.queued,
-            },
+            }
+            if recording
+            else None,
             record_exception=False,
             set_status_on_exception=False,
         ) as waiting:
@@ -565,6 +572,8 @@ class OpenAIProxy:
                 waiting.set_status(trace.StatusCode.ERROR, error.code)
                 span.set_attributes(rejected)
                 raise
+        if not recording:
+            return slot
         span.set_attributes(
             {
                 "slotshift.admission.outcome": "admitted",
@@ -617,6 +626,21 @@ def _model_not_found(model: str) -> OpenAIError:
 
 
 _LONG_DIGITS = re.compile(rb"[0-9]{20}")
+
+
+def _client_context(headers: Mapping[str, str]) -> Context:
+    """The trace context a client's request continues (parent_from), read only when the
+    request carries one (`headers` are case-insensitive)."""
+    return parent_from(headers) if "traceparent" in headers else Context()
+
+
+def _too_large(limit: int) -> OpenAIError:
+    return OpenAIError(
+        413,
+        f"Request body is larger than {limit} bytes.",
+        error_type="invalid_request_error",
+        code="request_too_large",
+    )
 
 
 def _require_json_object(body: bytes) -> dict[str, Any]:

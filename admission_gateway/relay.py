@@ -368,17 +368,18 @@ def request_id(request: web.Request) -> str:
 
 def forwardable(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
     """The headers a proxy passes on: not hop-by-hop, not dropped, not named by Connection."""
-    named_by_connection = {
-        token.strip().lower()
-        for name, value in headers.items()
-        if name.lower() == "connection"
-        for token in value.split(",")
-    }
     forwarded: CIMultiDict[str] = CIMultiDict()
+    named_by_connection: list[str] = []
+    # One pass, each name lowered once (this runs twice a request); what Connection names
+    # goes afterwards (rare: a client's own hop-by-hop headers).
     for name, value in headers.items():
         lowered = name.lower()
-        if lowered not in dropped and lowered not in named_by_connection:
+        if lowered == "connection":
+            named_by_connection += value.split(",")
+        elif lowered not in dropped:
             forwarded.add(name, value)
+    for token in named_by_connection:
+        forwarded.popall(token.strip(), None)
     return forwarded
 
 

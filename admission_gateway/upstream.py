@@ -445,6 +445,11 @@ class _EngineConnection(asyncio.Protocol):
             response.content.set_exception(exc)
 
 
+def _time_out(head: asyncio.Future[EngineResponse]) -> None:
+    if not head.done():
+        head.set_exception(TimeoutError("no answer from the engine in time"))
+
+
 class _Pool:
     """Idle keep-alive connections by where they go, newest last; the connections in use."""
 
@@ -657,8 +662,7 @@ class EngineClient:
         target = self._target(url)
         request = self._request(method, target, headers, data)
         deadline_s = asyncio.get_running_loop().time() + timeout_s
-        async with asyncio.timeout_at(deadline_s):
-            response = await self._exchange(target, request, deadline_s, method, url)
+        response = await self._exchange(target, request, deadline_s, method, url)
         if response.status == HTTPStatus.UNAUTHORIZED:
             # No client credential ever reaches the engine, so its 401 is about the gateway's
             # own key: a misconfiguration the client can do nothing about, not its answer.
@@ -690,12 +694,17 @@ class EngineClient:
                     url,
                     exc,
                 )
-        return await self._answer(await self._connect(target), request, deadline_s)
+        async with asyncio.timeout_at(deadline_s):
+            connection = await self._connect(target)
+        return await self._answer(connection, request, deadline_s)
 
     async def _answer(
         self, connection: _EngineConnection, request: bytes, deadline_s: float
     ) -> EngineResponse:
         head = connection.send(request, deadline_s)
+        # A timer on the head itself: asyncio.timeout's cancellation and its bookkeeping would
+        # cost every request more than the wait.
+        timer = asyncio.get_running_loop().call_at(deadline_s, _time_out, head)
         try:
             return await head
         except BaseException:
@@ -703,6 +712,8 @@ class EngineClient:
             # that nobody waits for the answer any more.
             connection.close()
             raise
+        finally:
+            timer.cancel()
 
     async def _connect(self, target: _Target) -> _EngineConnection:
         scheme, host, port = target.key

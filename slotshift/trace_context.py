@@ -35,6 +35,9 @@ def carrier_of(span: trace.Span) -> dict[str, str]:
 def inject_into(headers: MutableMapping[str, str], span: trace.Span) -> None:
     """Write `span`'s traceparent and tracestate into `headers`, replacing any already there;
     leaves them alone when the span has no valid context."""
+    if not span.get_span_context().is_valid:
+        # Tracing off and no context from the client (the most requests): nothing to write.
+        return
     carrier = carrier_of(span)
     if carrier:
         for key in _W3C_KEYS:
