@@ -43,9 +43,8 @@ async def measure(requests: int, out: Path) -> dict[str, dict[str, float]]:
         ("gateway", found.gateway),
         ("aiohttp-relay", found.aiohttp_relay),
         ("tcp-relay", found.tcp_relay),
+        ("protocol-relay", found.protocol_relay),
     ]
-    if found.protocol_relay is not None:
-        targets.append(("protocol-relay", found.protocol_relay))
     if found.haproxy is not None:
         targets.append(("haproxy", found.haproxy))
     figures: dict[str, dict[str, float]] = {}

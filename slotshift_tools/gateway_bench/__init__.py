@@ -5,8 +5,8 @@ direct to the engine, through one real `slotshift gateway` process (with a real 
 stream authentication on, tracing as configured), through a bare TCP relay in Python (uvloop,
 no HTTP: the floor under any Python proxy's cost), through the least HTTP relay on aiohttp's
 server and client (the floor under a proxy built as the gateway is), through a relay on asyncio
-protocols and llhttp (httptools: the nearest step below aiohttp; left out, and the bench says so,
-when httptools is not installed), and through HAProxy with a static per-tenant `maxconn` split
+protocols and llhttp (httptools: the nearest step below aiohttp's server, and the gateway's
+engine connections' own parser), and through HAProxy with a static per-tenant `maxconn` split
 and `option http-no-delay` (when `haproxy` is installed; the bench says so when it is not). The
 engine is a cheap OpenAI-compatible SSE server in a process of its own (its CPU is reported, so
 that the reader sees it is not the bottleneck).

@@ -7,8 +7,8 @@ request after as long an idle as the TTFT probe's stream has between its tokens 
 interleaved requests per target each), CPU per 1,000 relayed events over `--window-s` of concurrent
 streams (plain and preemptible tenants through the gateway, plain through the bare TCP relay of
 tcp_relay.py, the floor under any Python proxy, through the least aiohttp relay of
-aiohttp_relay.py, through the relay on asyncio protocols and llhttp of protocol_relay.py (when
-httptools is installed), and through HAProxy, and direct for the upstream's and the harness's own
+aiohttp_relay.py, through the relay on asyncio protocols and llhttp of protocol_relay.py, and
+through HAProxy, and direct for the upstream's and the harness's own
 cost), and the interactive tenant's TTFT while the batch tenant streams `--batch-events-per-s`
 through each proxy, and the price of token accounting: the mixed load of mix.py (plain, cut and
 paused streams) through two gateways that differ only in `gateway.count_tokens`, each in front of a
@@ -57,7 +57,6 @@ from slotshift_tools.gateway_bench.processes import (
     INTERACTIVE,
     MIX_GATEWAYS,
     PREEMPTIBLE,
-    PROTOCOL_RELAY_MISSING,
     BenchProcessError,
     BenchProcesses,
     Targets,
@@ -178,9 +177,8 @@ def _targets(found: Targets) -> list[Target]:
         Target("gateway", found.gateway, found.keys),
         Target("tcp-relay", found.tcp_relay, found.keys),
         Target("aiohttp-relay", found.aiohttp_relay, found.keys),
+        Target("protocol-relay", found.protocol_relay, found.keys),
     ]
-    if found.protocol_relay is not None:
-        targets.append(Target("protocol-relay", found.protocol_relay, found.keys))
     if found.haproxy is not None:
         targets.append(Target("haproxy", found.haproxy, found.keys))
     return targets
@@ -378,13 +376,6 @@ async def run_bench(settings: dict[str, Any], out_dir: Path, clock: Clock) -> di
                 logger.warning("%s", HAPROXY_MISSING)
         else:
             peers["haproxy"] = {"available": True, "version": processes.haproxy_version}
-        peers["protocol-relay"] = (
-            {"available": True}
-            if found.protocol_relay is not None
-            else {"available": False, "message": PROTOCOL_RELAY_MISSING}
-        )
-        if found.protocol_relay is None:
-            logger.warning("%s", PROTOCOL_RELAY_MISSING)
         targets = _targets(found)
         mix_targets = {name: Target(name, url, found.keys) for name, url in found.mix.items()}
         runs = []
@@ -457,9 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchProcessError, BenchRequestError) as exc:
         print(f"slotshift bench-gateway: {exc}", file=sys.stderr)
         return 1
-    for peer in ("haproxy", "protocol-relay"):
-        if not document["peers"][peer]["available"]:
-            print(f"note: {document['peers'][peer]['message']}")
+    haproxy = document["peers"]["haproxy"]
+    if not haproxy["available"]:
+        print(f"note: {haproxy['message']}")
     print(markdown_table(document["figures"]), end="")
     if document["contended"]:
         print(

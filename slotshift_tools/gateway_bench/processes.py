@@ -13,8 +13,8 @@
   any Python proxy's cost, and the least relay on aiohttp
   (`python -m slotshift_tools.gateway_bench.aiohttp_relay`), the floor under a proxy built on
   aiohttp's server and client, as the gateway is, and the relay on asyncio protocols and llhttp
-  (`python -m slotshift_tools.gateway_bench.protocol_relay`, when httptools is installed), the
-  nearest step below aiohttp: what a gateway's data path without it would cost;
+  (`python -m slotshift_tools.gateway_bench.protocol_relay`), the nearest step below aiohttp's
+  server: what a gateway's data path without it would cost;
 - HAProxy (`haproxy -f FILE -db`) with a static split equal to the tenants' nominal shares,
   when the binary is installed.
 
@@ -26,7 +26,6 @@ once the control plane has granted its limits).
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import signal
 import subprocess
@@ -70,17 +69,6 @@ def mix_pool(gateway: str) -> str:
     return gateway.removeprefix("gateway-")
 
 
-PROTOCOL_RELAY_MISSING = (
-    "httptools is not installed: the relay on asyncio protocols is left out "
-    "(pip install -c requirements/constraints.txt -e .[dev])"
-)
-
-
-def protocol_relay_available() -> bool:
-    """Whether the relay on asyncio protocols can run: its HTTP parser, httptools, is there."""
-    return importlib.util.find_spec("httptools") is not None
-
-
 READY_POLL_S = 0.1
 STOP_GRACE_S = 10.0
 
@@ -97,8 +85,7 @@ class Targets:
     gateway: str
     tcp_relay: str
     aiohttp_relay: str
-    protocol_relay: str | None
-    """None when httptools is not installed (PROTOCOL_RELAY_MISSING)."""
+    protocol_relay: str
     haproxy: str | None
     keys: dict[str, str]
     mix: dict[str, str]
@@ -284,23 +271,21 @@ class BenchProcesses:
             ],
         )
         await self._wait("aiohttp-relay", partial(_every_tenant_served, aiohttp_relay, keys))
-        protocol_relay: str | None = None
-        if protocol_relay_available():
-            protocol_relay = f"http://{HOST}:{protocol_relay_port}"
-            await self._spawn(
-                "protocol-relay",
-                [
-                    sys.executable,
-                    "-m",
-                    "slotshift_tools.gateway_bench.protocol_relay",
-                    "--port",
-                    str(protocol_relay_port),
-                    "--upstream-port",
-                    str(engine),
-                    *(f"--tenant-key={name}={key}" for name, key in keys.items()),
-                ],
-            )
-            await self._wait("protocol-relay", partial(_every_tenant_served, protocol_relay, keys))
+        protocol_relay = f"http://{HOST}:{protocol_relay_port}"
+        await self._spawn(
+            "protocol-relay",
+            [
+                sys.executable,
+                "-m",
+                "slotshift_tools.gateway_bench.protocol_relay",
+                "--port",
+                str(protocol_relay_port),
+                "--upstream-port",
+                str(engine),
+                *(f"--tenant-key={name}={key}" for name, key in keys.items()),
+            ],
+        )
+        await self._wait("protocol-relay", partial(_every_tenant_served, protocol_relay, keys))
 
         haproxy_url: str | None = None
         binary = find_haproxy() if with_haproxy else None

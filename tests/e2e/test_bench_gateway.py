@@ -10,7 +10,6 @@ import pytest
 from matplotlib.image import imread
 
 from slotshift_tools.gateway_bench.haproxy import find_haproxy
-from slotshift_tools.gateway_bench.processes import protocol_relay_available
 from slotshift_tools.gateway_bench.report import FIGURES
 from tests.e2e.service_processes import run_in_checkout
 
@@ -40,10 +39,8 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     assert document["peers"]["haproxy"]["available"] is haproxy
     if not haproxy:
         assert "haproxy is not installed" in result.stdout
-    protocol = protocol_relay_available()
-    assert document["peers"]["protocol-relay"]["available"] is protocol
-    proxies = ["gateway", "tcp-relay", "aiohttp-relay"]
-    proxies += (["protocol-relay"] if protocol else []) + (["haproxy"] if haproxy else [])
+    proxies = ["gateway", "tcp-relay", "aiohttp-relay", "protocol-relay"]
+    proxies += ["haproxy"] if haproxy else []
     assert list(document["figures"]) == proxies
 
     gateway = document["figures"]["gateway"]
@@ -59,8 +56,7 @@ def test_a_quick_run_measures_every_figure_of_every_peer(tmp_path: Path) -> None
     assert 0 < floor < gateway["cpu_ms_per_1000_events_plain"]
     # The aiohttp relay relays them through aiohttp's parsers: more than the bare relay's.
     assert document["figures"]["aiohttp-relay"]["cpu_ms_per_1000_events_plain"] > floor
-    if protocol:
-        assert document["figures"]["protocol-relay"]["cpu_ms_per_1000_events_plain"] > 0
+    assert document["figures"]["protocol-relay"]["cpu_ms_per_1000_events_plain"] > 0
     if haproxy:
         # CPU is read in 10 ms ticks: HAProxy's few ms of a quick window may read as none.
         assert document["figures"]["haproxy"]["cpu_ms_per_1000_events_plain"] >= 0
@@ -100,8 +96,7 @@ def test_the_request_cpu_script_reads_every_proxys_cost_per_request(tmp_path: Pa
         "scripts/gateway_request_cpu.py", "--requests", "100", "--out", str(out), timeout_s=180
     )
     figures = json.loads(out.read_text())["figures"]
-    expected = ["gateway", "aiohttp-relay", "tcp-relay"]
-    expected += ["protocol-relay"] if protocol_relay_available() else []
+    expected = ["gateway", "aiohttp-relay", "tcp-relay", "protocol-relay"]
     assert list(figures) == expected + (["haproxy"] if find_haproxy() is not None else [])
     assert all(f["wall_ms_per_request"] > 0 for f in figures.values()), figures
     # CPU is read in 10 ms ticks; over 100 requests the gateway's is well over one.

@@ -13,8 +13,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-pytest.importorskip("httptools", reason="the relay's HTTP parser, httptools, is not installed")
-
 from slotshift_tools.gateway_bench.protocol_relay import (
     ProtocolRelay,
     tenants_by_key,
