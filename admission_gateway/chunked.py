@@ -3,12 +3,12 @@
 A relayed stream's events may go to the client as the engine framed them (upstream.py,
 `PushedReads`' framed take): the client's body is chunked as the engine's is, so a read that
 holds whole chunks, beginning where a chunk begins, can be written to the client byte for byte,
-without aiohttp's parser, its stream reader, or framing it again. That is sound only while the
+without the parser, the answer's body buffer, or framing it again. That is sound only while the
 parser, which does not see such a read, stands between two chunks, where it stood before it;
 `ChunkedFraming` follows every read of a response from its first byte to know when it does.
 
-What it proves is deliberately narrow. It follows one response from `reset` (aiohttp makes a new
-parser for each response at the same moment): the head, up to its blank line, must be a final
+What it proves is deliberately narrow. It follows one response from `reset` (called as the request
+that the response answers is sent): the head, up to its blank line, must be a final
 status (not 1xx) with `Transfer-Encoding: chunked` and no Content-Length; then each read must end
 where a chunk ends. Anything else (a read ending inside a chunk or its header, a chunk
 extension, trailers after the last chunk, a head it cannot read) ends the following for the rest
@@ -22,7 +22,7 @@ from typing import Final
 
 _HEAD_END: Final = b"\r\n\r\n"
 _MAX_HEAD_BYTES: Final = 64 * 1024
-"""A head longer than this is not followed (aiohttp refuses far shorter header lines anyway)."""
+"""A head longer than this is not followed (no engine sends one)."""
 _MAX_SIZE_LINE: Final = 17
 """A chunk's size line with no extension (what vLLM and the gateway's own peers send): up to
 15 hex digits and its CRLF."""
@@ -49,7 +49,7 @@ class ChunkedFraming:
         placed); False: every read goes to the parser, and `whole_chunks` need not be asked."""
 
     def reset(self) -> None:
-        """A new response begins with the next byte read (aiohttp's `set_response_params`)."""
+        """A new response begins with the next byte read (its request was just sent)."""
         self._state = _HEAD
         self._head = b""
         self.following = True
