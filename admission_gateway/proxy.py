@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -66,7 +67,6 @@ from admission_gateway.auth import AuthenticationError, Authenticator
 from admission_gateway.errors import OpenAIError
 from admission_gateway.figures import RequestFigures, RequestObservation
 from admission_gateway.gateway_state import GatewayState, TenantState
-from admission_gateway.http_server import Request, Route, StreamResponse, get, json_response, post
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.preemptible import PreemptibleRelay, Replica
 from admission_gateway.prompt_tokens import PromptCounter
@@ -93,7 +93,7 @@ from slotshift.trace_context import inject_into, parent_from
 
 logger = logging.getLogger(__name__)
 
-_Handler = Callable[[Request, str, trace.Span], Awaitable[StreamResponse]]
+_Handler = Callable[[web.Request, str, trace.Span], Awaitable[web.StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,23 +270,25 @@ class OpenAIProxy:
         self.accepting = True
         """False once the gateway drains: new requests get 503."""
 
-    def routes(self) -> list[Route]:
+    def routes(self) -> list[web.RouteDef]:
         return [
-            post("/v1/completions", self.completions),
-            post("/v1/chat/completions", self.chat_completions),
-            get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/v1/models", self.models),
         ]
 
-    async def completions(self, request: Request) -> StreamResponse:
+    async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._traced(request, "/v1/completions", self._generate)
 
-    async def chat_completions(self, request: Request) -> StreamResponse:
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._traced(request, "/v1/chat/completions", self._generate)
 
-    async def models(self, request: Request) -> StreamResponse:
+    async def models(self, request: web.Request) -> web.StreamResponse:
         return await self._traced(request, "/v1/models", self._models)
 
-    async def _models(self, request: Request, path: str, span: trace.Span) -> StreamResponse:
+    async def _models(
+        self, request: web.Request, path: str, span: trace.Span
+    ) -> web.StreamResponse:
         """The models the caller's tenant may use: the engine's own answer when the gateway
         fronts one pool that names none, else the models of the pools the tenant is in."""
         tenant = self._tenant_of(request)
@@ -294,7 +296,7 @@ class OpenAIProxy:
         self._refuse_if_draining()
         if self._only is not None:
             return await self._only.relay.forward(request, path, None, observed=None)
-        return json_response(
+        return web.json_response(
             {
                 "object": "list",
                 "data": [
@@ -304,7 +306,9 @@ class OpenAIProxy:
             }
         )
 
-    async def _traced(self, request: Request, path: str, handler: _Handler) -> StreamResponse:
+    async def _traced(
+        self, request: web.Request, path: str, handler: _Handler
+    ) -> web.StreamResponse:
         """Run `handler` in the request's server span, and record how the request ended."""
         with self._tracer.start_as_current_span(
             f"{request.method} {path}",
@@ -324,6 +328,9 @@ class OpenAIProxy:
             except OpenAIError as error:
                 record_status(span, error.status, error.code or error.error_type)
                 raise
+            except web.HTTPException as exc:
+                record_status(span, exc.status, None)
+                raise
             except asyncio.CancelledError:
                 span.set_attribute("error.type", "client_disconnected")
                 raise
@@ -334,7 +341,9 @@ class OpenAIProxy:
             record_status(span, response.status, None)
             return response
 
-    async def _generate(self, request: Request, path: str, span: trace.Span) -> StreamResponse:
+    async def _generate(
+        self, request: web.Request, path: str, span: trace.Span
+    ) -> web.StreamResponse:
         arrived = self._clock.monotonic()
         name = self._tenant_of(request)
         span.set_attribute("slotshift.tenant", name)
@@ -389,14 +398,14 @@ class OpenAIProxy:
 
     async def _serve(
         self,
-        request: Request,
+        request: web.Request,
         path: str,
         span: trace.Span,
         observed: RequestObservation,
         front: PoolFront,
         body: bytes | None,
         document: dict[str, Any] | None,
-    ) -> StreamResponse:
+    ) -> web.StreamResponse:
         tenant = observed.tenant
         self._refuse_if_draining()
         if body is None or document is None:
@@ -416,13 +425,13 @@ class OpenAIProxy:
 
     async def _serve_resumable(
         self,
-        request: Request,
+        request: web.Request,
         path: str,
         document: dict[str, Any],
         span: trace.Span,
         observed: RequestObservation,
         front: PoolFront,
-    ) -> StreamResponse:
+    ) -> web.StreamResponse:
         """A preemptible tenant's resumable request: admitted as pausable and relayed across
         pauses (admission_gateway/preemptible.py)."""
         preemptible = front.preemptible
@@ -481,7 +490,7 @@ class OpenAIProxy:
         assert front.preemptible is not None
         return Replica(front.name, front.preemptible, front.state.tenants[tenant])
 
-    def _tenant_of(self, request: Request) -> str:
+    def _tenant_of(self, request: web.Request) -> str:
         try:
             return self._authenticator.tenant_for(request.headers.get("Authorization"))
         except AuthenticationError as exc:
@@ -502,7 +511,7 @@ class OpenAIProxy:
             headers=self._retry_after,
         )
 
-    async def _read_body(self, request: Request) -> bytes:
+    async def _read_body(self, request: web.Request) -> bytes:
         limit = self._max_body_bytes
         length = request.content_length
         if length is not None:
