@@ -8,8 +8,10 @@ One event loop in its own process keeps every client's request outstanding.
     python -m tests.vllm.load_process KEY MODEL MAX_TOKENS CLIENTS URL [URL ...]
 
 Client i sends to URL i mod len(URLs), one non-streamed completion after another, until
-SIGTERM; each then finishes the request it has in flight. Prints one JSON line at the end:
-{"completed": N, "failures": ["status: body", ...]}.
+SIGTERM; each then finishes the request it has in flight. Prints `ready` once it listens for
+SIGTERM and is about to send (the test waits for it: on two cores busy with vLLM, starting
+Python and aiohttp can take seconds, and a SIGTERM before then would end the process without a
+word), then one JSON line at the end: {"completed": N, "failures": ["status: body", ...]}.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ async def _run(key: str, model: str, max_tokens: int, clients: int, urls: list[s
     async with aiohttp.ClientSession(
         timeout=timeout, connector=aiohttp.TCPConnector(limit=0)
     ) as session:
+        print("ready", flush=True)
 
         async def client(index: int) -> None:
             url = f"{urls[index % len(urls)]}/v1/completions"

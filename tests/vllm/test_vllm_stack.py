@@ -95,6 +95,11 @@ class Load:
             text=True,
             cwd=REPO_ROOT,
         )
+        # The clients send from when it says so (load_process.py): what the test times runs
+        # from there, and a finish() can no longer come before its SIGTERM handler.
+        assert self._process.stdout is not None
+        ready = self._process.stdout.readline().strip()
+        assert ready == "ready", f"the load process did not start: {ready!r}"
 
     def finish(self) -> None:
         """Stop sending; returns once every client's last request has ended. Idempotent."""
@@ -220,8 +225,9 @@ def test_backlogged_tenant_gains_slots_from_an_idle_one_within_two_periods(
 ) -> None:
     wait_at_rest(vllm_stack)
     load = Load(vllm_stack, "demo-key-b", max_tokens=64)
-    load_started_s = time.time()
     load.start(clients=3 * BUDGET_SLOTS)
+    # B's backlog begins as its clients send: once the load process says it is ready.
+    load_started_s = time.time()
     try:
         wait_until_sync(
             lambda: limits(vllm_stack)["B"] > NOMINAL_SLOTS,
