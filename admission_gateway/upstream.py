@@ -192,18 +192,16 @@ class EngineResponse:
     pool when the answer was whole) or `close` it (the engine sees the connection end: an
     unfinished request is aborted there)."""
 
-    __slots__ = ("_connection", "content", "content_type", "headers", "reason", "status")
+    __slots__ = ("_connection", "content", "content_type", "headers", "status")
 
     def __init__(
         self,
         connection: _EngineConnection,
         status: int,
-        reason: str,
         headers: CIMultiDictProxy[str],
         deadline_s: float,
     ) -> None:
         self.status = status
-        self.reason = reason
         self.headers = headers
         content_type = headers.get("Content-Type", "")
         self.content_type = content_type.partition(";")[0].strip().lower()
@@ -265,7 +263,6 @@ class _EngineConnection(asyncio.Protocol):
         self._head: asyncio.Future[EngineResponse] | None = None
         self._deadline_s = 0.0
         self._response: EngineResponse | None = None
-        self._reason = b""
         self._headers: list[tuple[str, str]] = []
         self._received = False
         self._informational = False
@@ -273,7 +270,6 @@ class _EngineConnection(asyncio.Protocol):
         self._complete = False
         self._keep_alive = False
         self._reading_paused = False
-        self.lost = False
 
     # asyncio.Protocol
 
@@ -310,7 +306,6 @@ class _EngineConnection(asyncio.Protocol):
         return None  # close the transport: connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.lost = True
         self.transport = None
         self._pool.forget(self)
         response = self._response
@@ -332,9 +327,6 @@ class _EngineConnection(asyncio.Protocol):
 
     # llhttp's callbacks (httptools calls only those a protocol has)
 
-    def on_status(self, status: bytes) -> None:
-        self._reason += status
-
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append(
             (name.decode("latin-1"), value.decode("utf-8", errors="surrogateescape"))
@@ -346,7 +338,7 @@ class _EngineConnection(asyncio.Protocol):
         if status < 200:
             # 100 Continue and the like: the final answer follows.
             self._informational = True
-            self._reason, self._headers = b"", []
+            self._headers = []
             return
         headers = CIMultiDictProxy(CIMultiDict(self._headers))
         self._keep_alive = parser.should_keep_alive()
@@ -357,9 +349,7 @@ class _EngineConnection(asyncio.Protocol):
         )
         if self._until_close:
             self._keep_alive = False
-        self._response = response = EngineResponse(
-            self, status, self._reason.decode("latin-1"), headers, self._deadline_s
-        )
+        self._response = response = EngineResponse(self, status, headers, self._deadline_s)
         head = self._head
         self._head = None
         if head is not None and not head.done():
@@ -394,7 +384,6 @@ class _EngineConnection(asyncio.Protocol):
         self._head = head
         self._deadline_s = deadline_s
         self._response = None
-        self._reason = b""
         self._headers = []
         self._received = False
         self._informational = False
@@ -413,7 +402,8 @@ class _EngineConnection(asyncio.Protocol):
         self._response = None
         self.on_read = self.take_framed = self.on_framed_error = None
         self.resume_reading()
-        if self._complete and self._keep_alive and not self.lost:
+        # A connection that is lost has no transport.
+        if self._complete and self._keep_alive and self.transport is not None:
             self._pool.give_back(self)
         else:
             self.close()
