@@ -186,17 +186,13 @@ class PreemptibleRelay:
         if "model" in document:
             query["model"] = document["model"]
         try:
-            response = await self._engine.send(
-                "POST",
+            answer = await self._engine.ask_json(
                 self._engine_url + "/tokenize",
-                data=json.dumps(query).encode(),
-                headers={"Content-Type": "application/json", **_tracing_only(headers)},
+                query,
+                headers=_tracing_only(headers),
                 timeout_s=self._timeout_s,
             )
-            async with response:
-                if response.status != 200:
-                    return None
-                tokens = (await response.json())["tokens"]
+            tokens = answer["tokens"]
         except (EngineError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             logger.debug("no token ids for a resumable prompt: %s", exc)
             return None

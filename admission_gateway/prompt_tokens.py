@@ -10,7 +10,6 @@ shows.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -38,17 +37,10 @@ class PromptCounter:
         if isinstance(model, str):
             query["model"] = model
         try:
-            response = await self._engine.send(
-                "POST",
-                self._url,
-                data=json.dumps(query).encode(),
-                headers={"Content-Type": "application/json", **headers},
-                timeout_s=self._timeout_s,
+            answer = await self._engine.ask_json(
+                self._url, query, headers=headers, timeout_s=self._timeout_s
             )
-            async with response:
-                if response.status != 200:
-                    raise ValueError(f"status {response.status}")
-                count = (await response.json())["count"]
+            count = answer["count"]
         except (EngineError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             logger.debug("the engine at %s did not count a prompt: %s", self._url, exc)
             return None

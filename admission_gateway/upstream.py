@@ -667,6 +667,24 @@ class EngineClient:
             )
         return response
 
+    async def ask_json(
+        self, url: str, query: Mapping[str, Any], *, headers: Mapping[str, str], timeout_s: float
+    ) -> Any:
+        """POST `query` as JSON to `url`, one of the engine's side endpoints (/tokenize), and
+        return its answer's JSON. Raises what `send` raises, and ValueError for a status other
+        than 200 or a body that is not JSON."""
+        response = await self.send(
+            "POST",
+            url,
+            data=orjson.dumps(query),
+            headers={"Content-Type": "application/json", **headers},
+            timeout_s=timeout_s,
+        )
+        async with response:
+            if response.status != HTTPStatus.OK:
+                raise ValueError(f"status {response.status}")
+            return await response.json()
+
     async def _exchange(
         self, target: _Target, request: bytes, deadline_s: float, method: str, url: str
     ) -> EngineResponse:
