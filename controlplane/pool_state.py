@@ -643,7 +643,7 @@ class PoolState:
         # counts as held in this pass and no longer in the next: the next may grant more.
         self._regrant_due = self._short and bool((granted > np.maximum(bounds, grants)).any())
         self._capped = self._waste_capped()
-        pauses = self._pause_levels(in_flight[live], grants[live])
+        pauses = self._pause_levels(in_flight[live], grants[live], (demand - in_flight)[live])
         candidate_cells = CellLimits.of(
             connected, tenants, targets[live], grants[live], pauses, pool_limits=limits
         )
@@ -712,7 +712,9 @@ class PoolState:
         waiting = ~anew & placement.idle_beside(parts, demand, waiting_only=True)
         return placement.rebalance(demand, placement.resplit(limits, demand, parts, anew), waiting)
 
-    def _pause_levels(self, in_flight: NDArray[np.int64], grants: NDArray[np.int64]) -> Row2:
+    def _pause_levels(
+        self, in_flight: NDArray[np.int64], grants: NDArray[np.int64], queued: NDArray[np.int64]
+    ) -> Row2:
         """Where preemptible tenants must pause work above their limits (core/placement.py),
         unless preemption is off or the pool's recent waste is over its cap; NO_PAUSE elsewhere.
         Rows are the connected gateways'."""
@@ -726,6 +728,7 @@ class PoolState:
             preemptible=preemptible,
             nominal=self._row_of(self._nominal),
             limits=self._row_of(self.allocation.tenant_limits),
+            queued=queued.sum(axis=0),
         )
         return placement.pause_levels(terms, in_flight, grants)
 

@@ -219,6 +219,8 @@ class PauseTerms:
     """Each tenant's own share: work up to it is never paused."""
     limits: Counts
     """Its pool-wide limit under the decision in force."""
+    queued: Counts
+    """Its requests waiting at the gateways, pool-wide."""
 
 
 def pause_levels(terms: PauseTerms, in_flight: Counts, grants: Counts) -> Counts:
@@ -228,10 +230,14 @@ def pause_levels(terms: PauseTerms, in_flight: Counts, grants: Counts) -> Counts
 
     A tenant has its work above max(limit, nominal share) paused, pool-wide, or what its gateways
     hold above their grants if that is less, spread over those gateways by what each holds above
-    its grant.
+    its grant; only while another tenant has demand (runs or waits).
     """
     levels = np.full(in_flight.shape, -1, dtype=np.int64)
+    wants_room = (terms.queued > 0) | (in_flight.sum(axis=0) > 0)
+    wanting = int(wants_room.sum())
     for tenant in np.flatnonzero(terms.preemptible):
+        if wanting - int(wants_room[tenant]) <= 0:
+            continue
         running = in_flight[:, tenant]
         over = np.maximum(running - grants[:, tenant], 0)
         if not over.any():

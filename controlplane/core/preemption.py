@@ -41,6 +41,14 @@ class TenantTerms:
     """Its own share of the budget: work up to it is never paused."""
     limit_slots: int
     """Its pool-wide limit under the decision in force."""
+    queued_slots: int = 0
+    """Its requests waiting at the gateways, pool-wide."""
+
+    def wants_room(self, running: int) -> bool:
+        """Whether another tenant's paused work would serve it now, while it runs `running`
+        pool-wide: it has demand (requests of it wait for slots, or run on an engine the slo
+        policy keeps fast for them)."""
+        return self.queued_slots > 0 or running > 0
 
 
 def pause_levels(
@@ -51,13 +59,18 @@ def pause_levels(
     A preemptible tenant's limit below what it runs means the decision wants those slots
     elsewhere (a lender asks for its share back) or free (the engine kept as fast as the static
     split for a lender using its whole share, see the slo policy): either way waiting for its
-    requests to end would take seconds, and pausing takes a round trip.
+    requests to end would take seconds, and pausing takes a round trip. Only while another
+    tenant has demand (TenantTerms.wants_room): a limit that fell while nobody else runs or
+    waits (a decision that met a lull, every tenant between two requests: nominal shares) frees
+    slots and engine time nobody would use, and pausing for it only costs the borrower its
+    progress and the engine the recomputed prompts.
 
     Returns (gateway, tenant) -> the most of that tenant's requests that may keep running there;
     cells that need no pausing are absent.
 
     Contract (tests/unit/controlplane/test_preemption.py checks it on random pools):
-    - only preemptible tenants are named, and only where they run more than their grant;
+    - only preemptible tenants are named, only where they run more than their grant, and only
+      while some other tenant has demand;
     - a tenant has exactly its work above max(its limit, its nominal share) paused, pool-wide,
       or what its gateways hold above their grants if that is less: work within its own share
       is never paused;
@@ -69,9 +82,13 @@ def pause_levels(
     by_tenant: dict[str, list[CellKey]] = {}
     for key in sorted(cells):
         by_tenant.setdefault(key[1], []).append(key)
+    running_of = {
+        name: sum(cells[k].in_flight for k in by_tenant.get(name, [])) for name in tenants
+    }
+    wanting = {name for name, terms in tenants.items() if terms.wants_room(running_of[name])}
     levels: dict[CellKey, int] = {}
     for name, terms in sorted(tenants.items()):
-        if not terms.preemptible:
+        if not terms.preemptible or not wanting - {name}:
             continue
         keys = [k for k in by_tenant.get(name, []) if cells[k].in_flight > cells[k].grant]
         if not keys:

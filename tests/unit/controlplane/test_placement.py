@@ -146,8 +146,11 @@ def test_pause_levels_equal_the_reference(data: st.DataObject) -> None:
     preemptible = np.array(data.draw(st.lists(st.booleans(), min_size=t, max_size=t)))
     nominal = np.array(data.draw(st.lists(st.integers(0, 100), min_size=t, max_size=t)))
     limits = np.array(data.draw(st.lists(st.integers(0, 100), min_size=t, max_size=t)))
+    queued = np.array(data.draw(st.lists(st.integers(0, 2), min_size=t, max_size=t)))
     terms = {
-        TENANTS[j]: TenantTerms(bool(preemptible[j]), int(nominal[j]), int(limits[j]))
+        TENANTS[j]: TenantTerms(
+            bool(preemptible[j]), int(nominal[j]), int(limits[j]), int(queued[j])
+        )
         for j in range(t)
     }
     loads = {
@@ -157,7 +160,12 @@ def test_pause_levels_equal_the_reference(data: st.DataObject) -> None:
     }
     expected = reference_pause_levels(terms, loads)
     got = pause_levels(
-        PauseTerms(preemptible, nominal.astype(np.int64), limits.astype(np.int64)),
+        PauseTerms(
+            preemptible,
+            nominal.astype(np.int64),
+            limits.astype(np.int64),
+            queued.astype(np.int64),
+        ),
         in_flight,
         grants,
     )

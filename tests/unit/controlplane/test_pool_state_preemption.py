@@ -142,19 +142,23 @@ def test_waste_over_the_cap_stops_pausing() -> None:
     assert gateway.session is not None
     demand = gateway.demand()
     state.record_demand(gateway.session, 0, demand)
+    # B runs 80 (its share is 48) at a gateway that grants it 10 while A waits.
+    b = state.tenants.index("B")
+    running = np.zeros((1, len(state.tenants)), dtype=np.int64)
+    running[0, b] = 80
+    granted = np.zeros_like(running)
+    granted[0, b] = 10
+    queued = np.zeros_like(running)
+    queued[0, state.tenants.index("A")] = 1
+    assert (state._pause_levels(running, granted, queued) != NO_PAUSE).any(), "under the cap"
     clock.advance(1.0)
     wasteful = [d for d in demand if d.tenant != "B"]
     wasteful.append(TenantDemand("B", output_tokens_total=1_000, waste_tokens_total=50))
     state.record_demand(gateway.session, 0, wasteful)
     assert state.waste_percent() == pytest.approx(5.0)
     assert state.waste_percent() > POOL.preemption.max_waste_percent
-    # B runs 40 at a gateway that grants it 10: over the cap, none of it is paused.
-    b = state.tenants.index("B")
-    running = np.zeros((1, len(state.tenants)), dtype=np.int64)
-    running[0, b] = 40
-    granted = np.zeros_like(running)
-    granted[0, b] = 10
-    assert (state._pause_levels(running, granted) == NO_PAUSE).all()
+    # Over the cap, none of it is paused.
+    assert (state._pause_levels(running, granted, queued) == NO_PAUSE).all()
     # Nothing is paused, so the policies see no preemptible tenant: a lender's reserve is not
     # lent to B while it could come back only as B's requests end.
     assert state.policy_pool.preemption.enabled is False
