@@ -1,7 +1,7 @@
 """Errors as the OpenAI API shapes them: `{"error": {"message", "type", "param", "code"}}`.
 
 Clients written for the OpenAI API (the official SDKs among them) read these bodies, so every error
-the gateway itself produces, aiohttp's own 404 and 405 included, takes this shape.
+the gateway itself produces, the HTTP server's own 404 and 405 included, takes this shape.
 """
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 
-from aiohttp import web
+from admission_gateway.http_server import HttpError, Response, StreamResponse, json_response
 
 logger = logging.getLogger(__name__)
 
 
-class OpenAIError(Exception):
-    """An error response; raise it from a handler and the middleware turns it into the reply."""
+class OpenAIError(HttpError):
+    """An error response; raise it from a handler and the server answers with it."""
 
     def __init__(
         self,
@@ -47,8 +47,8 @@ class OpenAIError(Exception):
             }
         }
 
-    def response(self) -> web.Response:
-        return web.json_response(self.body(), status=self.status, headers=self.headers)
+    def response(self) -> Response:
+        return json_response(self.body(), status=self.status, headers=self.headers)
 
 
 def upstream_timeout() -> OpenAIError:
@@ -91,7 +91,7 @@ def sse_error_event(error: OpenAIError) -> bytes:
     return b"data: " + json.dumps(error.body()).encode() + b"\n\n"
 
 
-async def write_quietly(response: web.StreamResponse, data: bytes) -> None:
+async def write_quietly(response: StreamResponse, data: bytes) -> None:
     """Write to a client's stream, saying nothing if the client has gone."""
     try:
         await response.write(data)
@@ -99,24 +99,15 @@ async def write_quietly(response: web.StreamResponse, data: bytes) -> None:
         logger.debug("client went away before the end of its stream")
 
 
-_HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error"}
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error", 500: "server_error"}
 
 
-@web.middleware
-async def openai_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Render OpenAIError, and aiohttp's HTTP errors, as OpenAI-style JSON bodies."""
-    try:
-        return await handler(request)
-    except OpenAIError as error:
-        return error.response()
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        return OpenAIError(
-            exc.status,
-            exc.reason,
-            error_type=_HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error"),
-            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"},
-        ).response()
+def server_error(status: int, message: str, headers: Mapping[str, str]) -> Response:
+    """The answer to a request the HTTP server refuses itself (a route that does not exist, a
+    method it does not take, a request it cannot read, a handler's unexpected failure)."""
+    return OpenAIError(
+        status,
+        message,
+        error_type=_HTTP_ERROR_TYPES.get(status, "invalid_request_error"),
+        headers=headers,
+    ).response()

@@ -20,9 +20,7 @@ import ssl
 from collections.abc import Mapping, Sequence
 from contextvars import Token
 from pathlib import Path
-from typing import Any
 
-from aiohttp import web
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -33,9 +31,10 @@ from pydantic import SecretStr
 from admission_gateway.admission import TenantAdmission
 from admission_gateway.auth import Authenticator
 from admission_gateway.control_client import ControlClient
-from admission_gateway.errors import openai_errors
+from admission_gateway.errors import server_error
 from admission_gateway.figures import RequestLog
 from admission_gateway.gateway_state import GatewayState
+from admission_gateway.http_server import HttpServer, Request, Response, get, json_response
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.proxy import OpenAIProxy, PoolEndpoint
 from admission_gateway.upstream import EngineClient
@@ -52,7 +51,11 @@ from slotshift.config import (
     reveal,
 )
 from slotshift.keys import bearer_matches
-from slotshift.metrics_guard import metrics_token_digest, metrics_unauthorized
+from slotshift.metrics_guard import (
+    METRICS_UNAUTHORIZED_BODY,
+    METRICS_UNAUTHORIZED_HEADERS,
+    metrics_token_digest,
+)
 from slotshift.request_log import RequestLogWriter, SessionHasher, session_key_from_text
 from slotshift.stream_token import read_stream_token
 from slotshift.tls import (
@@ -65,8 +68,8 @@ from slotshift.tls import (
 logger = logging.getLogger(__name__)
 
 # Once the drain is over, what is left are responses finishing their last write (the slot is
-# released just before) and slot-less requests; aiohttp gives them this long twice (to finish, then
-# to unwind after cancellation) before it drops their connections.
+# released just before) and slot-less requests; the server gives them this long twice (to finish,
+# then to unwind after cancellation) before it drops their connections.
 _SERVER_SHUTDOWN_TIMEOUT_S = 0.25
 
 
@@ -123,7 +126,7 @@ class AdmissionGateway:
         self._directories: dict[str, Mapping[str, tuple[bytes, ...]]] = {}
         """pool -> the tenants the control plane runs there, with their key digests."""
         self._tasks = Supervisor("admission-gateway")
-        self._runner: web.AppRunner | None = None
+        self._http: HttpServer | None = None
         self._engines: list[EngineClient] = []
         self._proxy: OpenAIProxy | None = None
         self._port: int | None = None
@@ -229,35 +232,26 @@ class AdmissionGateway:
             replica_down_s=self._settings.replica_down_s,
             count_tokens=self._settings.count_tokens,
         )
-        app = web.Application(middlewares=[openai_errors])
-        app.add_routes(self._proxy.routes())
-        app.add_routes(
-            [
-                web.get("/health", self._health),
-                web.get("/ready", self._ready),
-                web.get("/metrics", self._metrics),
-            ]
-        )
-        # handler_cancellation: a client that disconnects cancels its handler, which aborts the
+        # A client that disconnects cancels its handler (http_server.py), which aborts the
         # upstream request and releases the slot at once.
-        self._runner = web.AppRunner(
-            app,
-            handler_cancellation=True,
-            shutdown_timeout=_SERVER_SHUTDOWN_TIMEOUT_S,
-            access_log=None,
+        self._http = HttpServer(
+            [
+                *self._proxy.routes(),
+                get("/health", self._health),
+                get("/ready", self._ready),
+                get("/metrics", self._metrics),
+            ],
+            server_error,
         )
         try:
-            await self._runner.setup()
-            site = web.TCPSite(
-                self._runner, self._settings.host, self._requested_port, ssl_context=ssl_context
+            self._port = await self._http.start(
+                self._settings.host, self._requested_port, ssl_context
             )
-            await site.start()
         except BaseException:
             # e.g. the port is taken: leave nothing open behind.
-            await self._runner.cleanup()
+            await self._http.close(_SERVER_SHUTDOWN_TIMEOUT_S)
             await self._close_engines()
             raise
-        self._port = _bound_port(self._runner)
         self._gateway_id = self._requested_gateway_id or f"{socket.gethostname()}:{self._port}"
         # Nothing has been awaited since the listener opened, so no request has run without it
         # (nor without the request log: its records wait in memory until the file is open).
@@ -268,7 +262,7 @@ class AdmissionGateway:
             try:
                 await self.request_log.open()
             except OSError as exc:
-                await self._runner.cleanup()
+                await self._http.close(_SERVER_SHUTDOWN_TIMEOUT_S)
                 await self.request_log.close()
                 await self._close_engines()
                 raise ConfigError(
@@ -382,28 +376,30 @@ class AdmissionGateway:
                 running,
                 self._settings.drain_timeout_s,
             )
-        if self._runner is not None:
-            await self._runner.cleanup()
+        if self._http is not None:
+            await self._http.close(_SERVER_SHUTDOWN_TIMEOUT_S)
         if self.request_log is not None:
             # Every request has ended (the server is closed): its record is in the buffer.
             await self.request_log.close()
         await self._tasks.stop()
         await self._close_engines()
 
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+    async def _health(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
 
-    async def _ready(self, request: web.Request) -> web.Response:
+    async def _ready(self, request: Request) -> Response:
         if self.ready:
-            return web.json_response({"status": "ready"})
-        return web.json_response({"status": "draining"}, status=503)
+            return json_response({"status": "ready"})
+        return json_response({"status": "draining"}, status=503)
 
-    async def _metrics(self, request: web.Request) -> web.Response:
+    async def _metrics(self, request: Request) -> Response:
         if self._metrics_token is not None and not bearer_matches(
             request.headers.get("Authorization"), self._metrics_token
         ):
-            return metrics_unauthorized()
-        return web.Response(
+            return json_response(
+                METRICS_UNAUTHORIZED_BODY, status=401, headers=METRICS_UNAUTHORIZED_HEADERS
+            )
+        return Response(
             body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
 
@@ -476,9 +472,3 @@ class _CurrentSpan:
     def __exit__(self, *exc_info: object) -> None:
         if self._token is not None:
             otel_context.detach(self._token)
-
-
-def _bound_port(runner: web.AppRunner) -> int:
-    addresses: list[Any] = runner.addresses
-    port: int = addresses[0][1]
-    return port

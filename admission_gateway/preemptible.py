@@ -45,7 +45,6 @@ from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry import trace
 
@@ -62,6 +61,7 @@ from admission_gateway.errors import (
 from admission_gateway.figures import RequestObservation
 from admission_gateway.first_token import FirstTokenDetector
 from admission_gateway.gateway_state import TenantState
+from admission_gateway.http_server import Request, Response, StreamResponse
 from admission_gateway.relay import ImmediateWrites, upstream_failed
 from admission_gateway.resume import (
     COMPLETIONS_PATH,
@@ -96,10 +96,10 @@ class _Ended(Exception):
     def __init__(
         self,
         error: OpenAIError,
-        refusal: web.Response | None = None,
+        refusal: Response | None = None,
         *,
         engine_lost: bool = False,
-        client: web.StreamResponse | None = None,
+        client: StreamResponse | None = None,
     ) -> None:
         super().__init__(error.body())
         self.error = error
@@ -116,12 +116,12 @@ class _ClientGone(Exception):
     """The streaming client went away: a write to its stream failed (the server cancels the
     handler too, but a write may come first)."""
 
-    def __init__(self, client: web.StreamResponse) -> None:
+    def __init__(self, client: StreamResponse) -> None:
         super().__init__("client went away")
         self.client = client
 
 
-async def _write(client: web.StreamResponse, data: bytes) -> None:
+async def _write(client: StreamResponse, data: bytes) -> None:
     """`data` to the client's stream; _ClientGone when the client went away."""
     try:
         await client.write(data)
@@ -220,7 +220,7 @@ class PreemptibleRelay:
 
     async def serve(
         self,
-        request: web.Request,
+        request: Request,
         *,
         path: str,
         document: Mapping[str, Any],
@@ -231,7 +231,7 @@ class PreemptibleRelay:
         observed: RequestObservation,
         pool: str = "",
         find_replica: FindReplica | None = None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """Run the request to its end across pauses; `slot` is its admitted slot, released
         (or handed on to the next attempt's slot) before this returns. `headers` go to the
         engine; `response_headers` are added to the client's response; the request's figures
@@ -252,7 +252,7 @@ class PreemptibleRelay:
         tokenizing: asyncio.Task[None] | None = None
         if _text_prompt(path, document) is not None:
             tokenizing = self._tokenizing(resumption, path, document, headers, tenant)
-        client: web.StreamResponse | None = None
+        client: StreamResponse | None = None
         first_token = FirstTokenDetector()
         accounted = _Accounted()
         attempt = 0
@@ -341,20 +341,20 @@ class PreemptibleRelay:
         body = json.dumps(resumption.response()).encode()
         response_headers = CIMultiDict(response_headers)
         response_headers["Content-Type"] = "application/json"
-        return web.Response(status=200, body=body, headers=response_headers)
+        return Response(status=200, body=body, headers=response_headers)
 
     async def _attempt(
         self,
-        request: web.Request,
+        request: Request,
         resumption: Resumption,
         slot: Slot,
         headers: CIMultiDict[str],
         response_headers: CIMultiDict[str],
-        client: web.StreamResponse | None,
+        client: StreamResponse | None,
         first_token: FirstTokenDetector,
         observed: RequestObservation,
         attempt: int,
-    ) -> tuple[web.StreamResponse | None, bool]:
+    ) -> tuple[StreamResponse | None, bool]:
         """One upstream attempt; returns the client's response (prepared once the engine
         accepted the request, for a streaming client) and whether the answer is complete. An
         `_Ended` raised once that response is prepared carries it."""
@@ -499,7 +499,7 @@ class PreemptibleRelay:
         resumption.attempt_ended()
         refusal = None
         if upstream.status >= 400 and upstream.content_type == "application/json":
-            refusal = web.Response(
+            refusal = Response(
                 status=upstream.status, body=content, content_type="application/json"
             )
         going_away = upstream.status == 503 and any(
@@ -512,7 +512,7 @@ class PreemptibleRelay:
         tenant: TenantState,
         slot: Slot,
         replica: Replica,
-        client: web.StreamResponse | None,
+        client: StreamResponse | None,
         lost_pool: str,
     ) -> Slot:
         """Release the lost pool's `slot` and wait for one of the tenant at `replica`'s pool;
@@ -533,7 +533,7 @@ class PreemptibleRelay:
         return moved
 
     async def _keeping_alive(
-        self, wait: Coroutine[Any, Any, Slot], client: web.StreamResponse | None, name: str
+        self, wait: Coroutine[Any, Any, Slot], client: StreamResponse | None, name: str
     ) -> Slot:
         """Wait for the slot `wait` gives (the paused or lost slot is given back by it); a
         streaming client gets comments meanwhile."""
@@ -572,11 +572,11 @@ class PreemptibleRelay:
 
 
 def _push_reads(
-    request: web.Request,
+    request: Request,
     upstream: EngineResponse,
     resumption: Resumption,
     slot: Slot,
-    client: web.StreamResponse | None,
+    client: StreamResponse | None,
     first_token: FirstTokenDetector,
     observed: RequestObservation,
 ) -> PushedReads | None:
@@ -618,11 +618,9 @@ def _push_reads(
     )
 
 
-async def _open_stream(
-    request: web.Request, response_headers: CIMultiDict[str]
-) -> web.StreamResponse:
+async def _open_stream(request: Request, response_headers: CIMultiDict[str]) -> StreamResponse:
     """The client's event stream, its status and headers sent."""
-    client = web.StreamResponse(status=200, headers=response_headers)
+    client = StreamResponse(status=200, headers=response_headers)
     client.content_type = "text/event-stream"
     await client.prepare(request)
     return client
@@ -650,11 +648,11 @@ def _tracing_only(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() in ("traceparent", "tracestate")}
 
 
-def _error_response(error: Mapping[str, Any], response_headers: CIMultiDict[str]) -> web.Response:
+def _error_response(error: Mapping[str, Any], response_headers: CIMultiDict[str]) -> Response:
     """The engine's mid-stream error event, as a non-streaming client's answer."""
     detail = error.get("error")
     code = detail.get("code") if isinstance(detail, dict) else None
     status = code if isinstance(code, int) and 400 <= code < 600 else 502
     headers = CIMultiDict(response_headers)
     headers["Content-Type"] = "application/json"
-    return web.Response(status=status, body=json.dumps(error).encode(), headers=headers)
+    return Response(status=status, body=json.dumps(error).encode(), headers=headers)

@@ -57,7 +57,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -67,6 +66,7 @@ from admission_gateway.auth import AuthenticationError, Authenticator
 from admission_gateway.errors import OpenAIError
 from admission_gateway.figures import RequestFigures, RequestObservation
 from admission_gateway.gateway_state import GatewayState, TenantState
+from admission_gateway.http_server import Request, Route, StreamResponse, get, json_response, post
 from admission_gateway.metrics import GatewayMetrics
 from admission_gateway.preemptible import PreemptibleRelay, Replica
 from admission_gateway.prompt_tokens import PromptCounter
@@ -93,7 +93,7 @@ from slotshift.trace_context import inject_into, parent_from
 
 logger = logging.getLogger(__name__)
 
-_Handler = Callable[[web.Request, str, trace.Span], Awaitable[web.StreamResponse]]
+_Handler = Callable[[Request, str, trace.Span], Awaitable[StreamResponse]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,25 +270,23 @@ class OpenAIProxy:
         self.accepting = True
         """False once the gateway drains: new requests get 503."""
 
-    def routes(self) -> list[web.RouteDef]:
+    def routes(self) -> list[Route]:
         return [
-            web.post("/v1/completions", self.completions),
-            web.post("/v1/chat/completions", self.chat_completions),
-            web.get("/v1/models", self.models),
+            post("/v1/completions", self.completions),
+            post("/v1/chat/completions", self.chat_completions),
+            get("/v1/models", self.models),
         ]
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
+    async def completions(self, request: Request) -> StreamResponse:
         return await self._traced(request, "/v1/completions", self._generate)
 
-    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+    async def chat_completions(self, request: Request) -> StreamResponse:
         return await self._traced(request, "/v1/chat/completions", self._generate)
 
-    async def models(self, request: web.Request) -> web.StreamResponse:
+    async def models(self, request: Request) -> StreamResponse:
         return await self._traced(request, "/v1/models", self._models)
 
-    async def _models(
-        self, request: web.Request, path: str, span: trace.Span
-    ) -> web.StreamResponse:
+    async def _models(self, request: Request, path: str, span: trace.Span) -> StreamResponse:
         """The models the caller's tenant may use: the engine's own answer when the gateway
         fronts one pool that names none, else the models of the pools the tenant is in."""
         tenant = self._tenant_of(request)
@@ -296,7 +294,7 @@ class OpenAIProxy:
         self._refuse_if_draining()
         if self._only is not None:
             return await self._only.relay.forward(request, path, None, observed=None)
-        return web.json_response(
+        return json_response(
             {
                 "object": "list",
                 "data": [
@@ -306,9 +304,7 @@ class OpenAIProxy:
             }
         )
 
-    async def _traced(
-        self, request: web.Request, path: str, handler: _Handler
-    ) -> web.StreamResponse:
+    async def _traced(self, request: Request, path: str, handler: _Handler) -> StreamResponse:
         """Run `handler` in the request's server span, and record how the request ended."""
         with self._tracer.start_as_current_span(
             f"{request.method} {path}",
@@ -328,9 +324,6 @@ class OpenAIProxy:
             except OpenAIError as error:
                 record_status(span, error.status, error.code or error.error_type)
                 raise
-            except web.HTTPException as exc:
-                record_status(span, exc.status, None)
-                raise
             except asyncio.CancelledError:
                 span.set_attribute("error.type", "client_disconnected")
                 raise
@@ -341,9 +334,7 @@ class OpenAIProxy:
             record_status(span, response.status, None)
             return response
 
-    async def _generate(
-        self, request: web.Request, path: str, span: trace.Span
-    ) -> web.StreamResponse:
+    async def _generate(self, request: Request, path: str, span: trace.Span) -> StreamResponse:
         arrived = self._clock.monotonic()
         name = self._tenant_of(request)
         span.set_attribute("slotshift.tenant", name)
@@ -398,14 +389,14 @@ class OpenAIProxy:
 
     async def _serve(
         self,
-        request: web.Request,
+        request: Request,
         path: str,
         span: trace.Span,
         observed: RequestObservation,
         front: PoolFront,
         body: bytes | None,
         document: dict[str, Any] | None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         tenant = observed.tenant
         self._refuse_if_draining()
         if body is None or document is None:
@@ -425,13 +416,13 @@ class OpenAIProxy:
 
     async def _serve_resumable(
         self,
-        request: web.Request,
+        request: Request,
         path: str,
         document: dict[str, Any],
         span: trace.Span,
         observed: RequestObservation,
         front: PoolFront,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """A preemptible tenant's resumable request: admitted as pausable and relayed across
         pauses (admission_gateway/preemptible.py)."""
         preemptible = front.preemptible
@@ -490,7 +481,7 @@ class OpenAIProxy:
         assert front.preemptible is not None
         return Replica(front.name, front.preemptible, front.state.tenants[tenant])
 
-    def _tenant_of(self, request: web.Request) -> str:
+    def _tenant_of(self, request: Request) -> str:
         try:
             return self._authenticator.tenant_for(request.headers.get("Authorization"))
         except AuthenticationError as exc:
@@ -511,7 +502,7 @@ class OpenAIProxy:
             headers=self._retry_after,
         )
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    async def _read_body(self, request: Request) -> bytes:
         limit = self._max_body_bytes
         length = request.content_length
         if length is not None:

@@ -28,7 +28,6 @@ import random
 import re
 from collections.abc import Mapping
 
-from aiohttp import web
 from multidict import CIMultiDict
 from opentelemetry import trace
 
@@ -41,6 +40,7 @@ from admission_gateway.errors import (
     write_quietly,
 )
 from admission_gateway.figures import RequestObservation
+from admission_gateway.http_server import Request, Response, StreamResponse
 from admission_gateway.resume import DONE_EVENT
 from admission_gateway.upstream import EngineClient, EngineError, EngineResponse, PushedReads
 from slotshift.aiotasks import in_own_task
@@ -93,12 +93,12 @@ class EngineRelay:
 
     async def forward(
         self,
-        request: web.Request,
+        request: Request,
         path: str,
         body: bytes | None,
         *,
         observed: RequestObservation | None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         """`request` (with `body`, read already) sent to the engine's `path`, its answer
         relayed. With `observed` (an admitted generation request), the answer's figures are
         recorded there. Raises OpenAIError for the errors the client gets as a status (502, 504,
@@ -123,13 +123,13 @@ class EngineRelay:
 
     async def _call_engine(
         self,
-        request: web.Request,
+        request: Request,
         url: str,
         body: bytes | None,
         span: trace.Span,
         *,
         observed: RequestObservation | None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         rid = request_id(request)
         headers = forwardable(request.headers, NOT_FORWARDED_UPSTREAM)
         headers["X-Request-Id"] = rid
@@ -175,7 +175,7 @@ class EngineRelay:
                 # vLLM's admission rejection (--max-num-queued-reqs) names no time; say when
                 # to come back, as the gateway's own 503s do.
                 response_headers.update(self._retry_after)
-            return web.Response(status=upstream.status, body=content, headers=response_headers)
+            return Response(status=upstream.status, body=content, headers=response_headers)
         except BaseException:
             # Closing (not releasing) drops the connection, which is how the engine learns that
             # nobody waits for this request any more and aborts it.
@@ -186,12 +186,12 @@ class EngineRelay:
 
     async def _relay_stream(
         self,
-        request: web.Request,
+        request: Request,
         upstream: EngineResponse,
         rid: str,
         observed: RequestObservation | None,
         deadline_s: float,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         response = _EventStream(
             status=upstream.status,
             headers=forwardable(upstream.headers, NOT_FORWARDED_DOWNSTREAM),
@@ -251,8 +251,8 @@ class EngineRelay:
 
 
 def _push_events(
-    request: web.Request,
-    response: web.StreamResponse,
+    request: Request,
+    response: StreamResponse,
     upstream: EngineResponse,
     observed: RequestObservation | None,
 ) -> PushedReads | None:
@@ -296,11 +296,11 @@ def _push_events(
 
 
 class ImmediateWrites:
-    """Writes to a streamed response's client at once, framed as aiohttp frames a chunked body,
+    """Writes to a streamed response's client at once, framed as the server frames a chunked body,
     for a relay that writes from the engine connection's read callback (upstream.PushedReads),
     where nothing can be awaited: `ready` says whether the client takes more now (False: it is
     gone, or not keeping up, its transport's buffer over the high-water mark; the relay then
-    writes through aiohttp, which waits for it)."""
+    writes through the response, which waits for it)."""
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
@@ -308,7 +308,7 @@ class ImmediateWrites:
         """`ready` while the transport buffers at most this many bytes."""
 
     @classmethod
-    def of(cls, request: web.Request, response: web.StreamResponse) -> ImmediateWrites | None:
+    def of(cls, request: Request, response: StreamResponse) -> ImmediateWrites | None:
         """For `response`, whose headers have been sent; None when its body is not chunked
         (an HTTP/1.0 client's ends with the connection) or is compressed."""
         transport = request.transport
@@ -325,17 +325,17 @@ class ImmediateWrites:
         self.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
 
 
-class _EventStream(web.StreamResponse):
+class _EventStream(StreamResponse):
     """A relayed stream whose headers go out with its first event, in one write: a separate
     write of the headers costs a system call and a client wake-up before the first token
-    (aiohttp's own `web.Response` defers them the same way)."""
+    (a whole `Response` goes out in one write too)."""
 
-    _send_headers_immediately = False
+    send_headers_immediately = False
 
 
 async def _end_stream(
-    response: web.StreamResponse, error: OpenAIError, observed: RequestObservation | None
-) -> web.StreamResponse:
+    response: StreamResponse, error: OpenAIError, observed: RequestObservation | None
+) -> StreamResponse:
     """End a stream under way with `error`'s event."""
     if observed is not None:
         observed.cut_by(error)
@@ -355,7 +355,7 @@ def record_status(
         span.set_status(trace.StatusCode.ERROR, error or str(status))
 
 
-def request_id(request: web.Request) -> str:
+def request_id(request: Request) -> str:
     """The id the request goes by upstream and in its answer: the client's X-Request-Id when it
     is a plausible id (1 to 128 of `A-Za-z0-9._:-`), else a new random one."""
     offered = request.headers.get("X-Request-Id", "")

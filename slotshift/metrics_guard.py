@@ -3,6 +3,8 @@ the token read once at start and kept as its digest; a scrape without it gets 40
 
 from __future__ import annotations
 
+from typing import Final
+
 from aiohttp import web
 
 from slotshift.config import ConfigError, read_secret_tokens
@@ -19,10 +21,13 @@ def metrics_token_digest(path: str, field: str) -> bytes:
     return key_digest(tokens[0])
 
 
+METRICS_UNAUTHORIZED_BODY: Final = {"error": "unauthorized: /metrics needs its bearer token"}
+"""The body of the 401 a scrape without the token gets (Prometheus shows its status)."""
+METRICS_UNAUTHORIZED_HEADERS: Final = {"WWW-Authenticate": 'Bearer realm="metrics"'}
+
+
 def metrics_unauthorized() -> web.Response:
-    """The answer to a scrape without the token (Prometheus shows its status)."""
+    """The answer to a scrape without the token, from an aiohttp server."""
     return web.json_response(
-        {"error": "unauthorized: /metrics needs its bearer token"},
-        status=401,
-        headers={"WWW-Authenticate": 'Bearer realm="metrics"'},
+        METRICS_UNAUTHORIZED_BODY, status=401, headers=METRICS_UNAUTHORIZED_HEADERS
     )

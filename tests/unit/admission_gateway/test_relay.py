@@ -269,11 +269,11 @@ async def test_a_client_that_stops_reading_stops_the_engine_and_then_gets_every_
             timeout_s=30,
             message="the gateway's engine connection paused",
         )
-        runner = gateway._runner
-        assert runner is not None and runner.server is not None
-        (handler,) = runner.server.connections
-        assert handler.transport is not None
-        assert handler.transport.get_write_buffer_size() < 1_000_000
+        server = gateway._http
+        assert server is not None
+        (client_connection,) = server.connections
+        assert client_connection.transport is not None
+        assert client_connection.transport.get_write_buffer_size() < 1_000_000
         await reader.readuntil(b"\r\n\r\n")
         relayed = bytearray()
         while True:
