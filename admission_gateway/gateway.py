@@ -449,6 +449,11 @@ class _UntracedTracer(trace.NoOpTracer):
     ) -> _CurrentSpan:
         # What NoOpTracer's does: its span (the parent's, non-recording) is current inside;
         # a non-recording span records no exception, no status, and has no end to mark.
+        if context is None:
+            current = trace.get_current_span()
+            if isinstance(current, trace.NonRecordingSpan):
+                # The child of a non-recording span is that span, current already.
+                return _CurrentSpan(current, current=True)
         return _CurrentSpan(self.start_span(name, context))
 
 
@@ -456,16 +461,17 @@ class _CurrentSpan:
     """`span` as the current span while inside (what `trace.use_span` does for a span that
     does not record)."""
 
-    __slots__ = ("_span", "_token")
+    __slots__ = ("_current", "_span", "_token")
 
-    def __init__(self, span: trace.Span) -> None:
+    def __init__(self, span: trace.Span, *, current: bool = False) -> None:
         self._span = span
+        self._current = current
         self._token: Token[Context] | None = None
 
     def __enter__(self) -> trace.Span:
         # A span that is current already (a child of a non-recording span is that span) is
         # not set again: the context would be the same.
-        if self._span is not trace.get_current_span():
+        if not self._current and self._span is not trace.get_current_span():
             self._token = otel_context.attach(trace.set_span_in_context(self._span))
         return self._span
 

@@ -494,14 +494,19 @@ class _Connection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_head(len(url))
+        self._head_bytes += len(url)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise httptools.HttpParserError("the request's head is too long")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         # UTF-8 with surrogates: a relayed header's bytes go on unchanged (upstream.py).
         self._headers.append(
             (name.decode("latin-1"), value.decode("utf-8", errors="surrogateescape"))
         )
-        self._count_head(len(name) + len(value))
+        # Inline, not a call: this runs for every header of every request.
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            raise httptools.HttpParserError("the request's head is too long")
 
     def on_headers_complete(self) -> None:
         parser = self._parser
@@ -646,11 +651,6 @@ class _Connection(asyncio.Protocol):
     def _idle_out(self) -> None:
         if self.task is None and self._parsing is None:
             self.close()
-
-    def _count_head(self, size: int) -> None:
-        self._head_bytes += size
-        if self._head_bytes > MAX_HEAD_BYTES:
-            raise httptools.HttpParserError("the request's head is too long")
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer a request the parser could not read, and close (its framing is lost)."""
