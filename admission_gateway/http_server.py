@@ -30,7 +30,7 @@ import logging
 import ssl
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Final, cast
@@ -38,6 +38,8 @@ from typing import Any, Final, cast
 import httptools
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
+
+from admission_gateway.body_buffer import BodyBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -58,99 +60,6 @@ class HttpError(Exception):
 
     def response(self) -> Response:
         raise NotImplementedError
-
-
-class RequestBody:
-    """A request's body as it arrives, for its handler."""
-
-    __slots__ = ("_chunks", "_connection", "_eof", "_exception", "_size", "_waiter")
-
-    def __init__(self, connection: _Connection | None) -> None:
-        self._chunks: deque[bytes] = deque()
-        self._size = 0
-        self._eof = connection is None
-        self._exception: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._connection = connection
-
-    def feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > BODY_HIGH_WATER_BYTES and self._connection is not None:
-            self._connection.pause_reading()
-        self._wake()
-
-    def feed_eof(self) -> None:
-        self._eof = True
-        self._wake()
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._exception = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def is_eof(self) -> bool:
-        """Whether the whole body has arrived."""
-        return self._eof
-
-    async def _wait(self) -> None:
-        if self._exception is not None:
-            raise self._exception
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
-        await waiter
-
-    def _take(self, limit: int = -1) -> bytes:
-        chunks = self._chunks
-        data = chunks.popleft()
-        if 0 <= limit < len(data):
-            chunks.appendleft(data[limit:])
-            data = data[:limit]
-        self._size -= len(data)
-        if self._size <= BODY_HIGH_WATER_BYTES and self._connection is not None:
-            self._connection.resume_reading()
-        return data
-
-    async def readany(self) -> bytes:
-        """What has arrived and not been read, waited for; b"" at the body's end."""
-        while not self._chunks:
-            if self._eof:
-                return b""
-            await self._wait()
-        return self._take()
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        """The body's parts as they arrive."""
-        while data := await self.readany():
-            yield data
-
-    async def readexactly(self, n: int) -> bytes:
-        """`n` bytes of the body; asyncio.IncompleteReadError when it ends first."""
-        parts: list[bytes] = []
-        left = n
-        while left > 0:
-            if not self._chunks:
-                if self._eof:
-                    partial = b"".join(parts)
-                    raise asyncio.IncompleteReadError(partial, n)
-                await self._wait()
-                continue
-            data = self._take(left)
-            parts.append(data)
-            left -= len(data)
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-    async def read(self) -> bytes:
-        """The whole body."""
-        parts: list[bytes] = []
-        while data := await self.readany():
-            parts.append(data)
-        return b"".join(parts)
 
 
 class Request:
@@ -175,7 +84,7 @@ class Request:
         query_string: str,
         headers: CIMultiDictProxy[str],
         version: str,
-        content: RequestBody,
+        content: BodyBuffer,
         keep_alive: bool,
     ) -> None:
         self.method = method
@@ -519,7 +428,7 @@ class _Connection(asyncio.Protocol):
             query.decode("utf-8", errors="surrogateescape"),
             headers,
             parser.get_http_version(),
-            RequestBody(self),
+            BodyBuffer(self, high_water_bytes=BODY_HIGH_WATER_BYTES),
             parser.should_keep_alive(),
         )
         self._parsing = request

@@ -56,6 +56,7 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import SecretStr
 
+from admission_gateway.body_buffer import BodyBuffer
 from admission_gateway.chunked import ChunkedFraming
 from slotshift.clock import Clock, SystemClock
 from slotshift.config import reveal
@@ -109,83 +110,6 @@ class _Target:
     """The request target: path and query."""
 
 
-class EngineBody:
-    """An answer's body as it arrives, for one reader: `readany` waits for what comes next."""
-
-    __slots__ = ("_chunks", "_connection", "_deadline", "_eof", "_exception", "_size", "_waiter")
-
-    def __init__(self, connection: _EngineConnection, deadline_s: float) -> None:
-        self._chunks: list[bytes] = []
-        self._size = 0
-        self._eof = False
-        self._exception: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._connection = connection
-        self._deadline = deadline_s
-
-    # What the connection gives it.
-
-    def feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._size += len(data)
-        if self._size > READ_HIGH_WATER_BYTES:
-            self._connection.pause_reading()
-        self._wake()
-
-    def feed_eof(self) -> None:
-        self._eof = True
-        self._wake()
-
-    def set_exception(self, exc: BaseException) -> None:
-        self._exception = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    # What its reader asks.
-
-    def exception(self) -> BaseException | None:
-        return self._exception
-
-    def is_eof(self) -> bool:
-        """Whether the body has ended (what it had may still wait to be read)."""
-        return self._eof
-
-    def at_eof(self) -> bool:
-        """Whether the body has ended and all of it has been read."""
-        return self._eof and not self._chunks
-
-    def read_nowait(self) -> bytes:
-        """What has arrived and not been read (b"" for nothing)."""
-        chunks = self._chunks
-        if not chunks:
-            return b""
-        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        self._chunks = []
-        self._size = 0
-        self._connection.resume_reading()
-        return data
-
-    async def readany(self) -> bytes:
-        """What has arrived and not been read, waited for; b"" once the body has ended. Raises
-        EngineDisconnected when the connection ended first, TimeoutError past the request's
-        deadline."""
-        while not self._chunks:
-            if self._exception is not None:
-                raise self._exception
-            if self._eof:
-                return b""
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            async with asyncio.timeout_at(self._deadline):
-                await waiter
-        return self.read_nowait()
-
-
 class EngineResponse:
     """An answer of the engine whose status and headers have arrived. Read its body (`read`,
     `content.readany`, or `PushedReads`), then `release` it (its connection goes back to the
@@ -206,7 +130,9 @@ class EngineResponse:
         content_type = headers.get("Content-Type", "")
         self.content_type = content_type.partition(";")[0].strip().lower()
         """The media type (no parameters, lower case), "" when there is none."""
-        self.content = EngineBody(connection, deadline_s)
+        self.content = BodyBuffer(
+            connection, high_water_bytes=READ_HIGH_WATER_BYTES, deadline_s=deadline_s
+        )
         self._connection = connection
 
     async def read(self) -> bytes:
