@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import logging
 import ssl
 import time
@@ -241,22 +242,17 @@ def post(path: str, handler: Handler) -> Route:
     return Route("POST", path, handler)
 
 
-_STATUS_LINES: dict[int, bytes] = {}
-
-
+@functools.cache
 def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        try:
-            reason = HTTPStatus(status).phrase
-        except ValueError:
-            reason = "Unknown"
-        line = _STATUS_LINES[status] = b"HTTP/1.1 %d %s\r\n" % (status, reason.encode())
-    return line
+    try:
+        reason = HTTPStatus(status).phrase
+    except ValueError:
+        reason = "Unknown"
+    return b"HTTP/1.1 %d %s\r\n" % (status, reason.encode())
 
 
-class _Clock:
-    """The Date header's value, made once a second."""
+class _DateHeader:
+    """The Date header's value (the wall clock's, as HTTP dates are), made once a second."""
 
     def __init__(self) -> None:
         self._second = 0
@@ -281,7 +277,7 @@ class HttpServer:
         self.error_response = error_response
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
-        self.clock = _Clock()
+        self.dates = _DateHeader()
 
     async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
         """Listen on `host`:`port` (0: a free one); returns the port."""
@@ -457,7 +453,7 @@ class _Connection(asyncio.Protocol):
             for k, v in headers.items()
         ]
         if "Date" not in headers:
-            lines.append(b"Date: %s\r\n" % self._server.clock.date())
+            lines.append(b"Date: %s\r\n" % self._server.dates.date())
         if not self.keep_alive:
             lines.append(b"Connection: close\r\n")
         lines.append(b"\r\n")
