@@ -137,10 +137,7 @@ class EngineResponse:
 
     async def read(self) -> bytes:
         """The whole body."""
-        parts = []
-        while data := await self.content.readany():
-            parts.append(data)
-        return b"".join(parts)
+        return await self.content.read()
 
     async def json(self) -> Any:
         """The whole body as JSON (ValueError when it is not)."""

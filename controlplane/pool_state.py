@@ -609,7 +609,8 @@ class PoolState:
             live = np.array([r.connected for r in records], dtype=bool)
             connected = tuple(g for g, r in zip(ids, records, strict=True) if r.connected)
         in_flight = _rows([r.in_flight for r in records], len(tenants))
-        demand = in_flight + _rows([r.queued for r in records], len(tenants))
+        queued = _rows([r.queued for r in records], len(tenants))
+        demand = in_flight + queued
         acked = _rows([r.acked for r in records], len(tenants))
         # GatewayRecord.bounds of every record, as three whole-array passes rather than two
         # per gateway.
@@ -643,7 +644,7 @@ class PoolState:
         # counts as held in this pass and no longer in the next: the next may grant more.
         self._regrant_due = self._short and bool((granted > np.maximum(bounds, grants)).any())
         self._capped = self._waste_capped()
-        pauses = self._pause_levels(in_flight[live], grants[live], (demand - in_flight)[live])
+        pauses = self._pause_levels(in_flight[live], grants[live], queued[live])
         candidate_cells = CellLimits.of(
             connected, tenants, targets[live], grants[live], pauses, pool_limits=limits
         )
